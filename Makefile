@@ -1,0 +1,40 @@
+# The two commands: `make demo` (train on the CPU demo config) and `make test` (the test suite).
+# Both create .venv on first use. Without CUDA the CPU build of torch is installed first; override with
+# `make TORCH_SPEC="torch==X" TORCH_INDEX=URL ...` (e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# on a laptop whose default index serves CUDA builds).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
+TORCH_INDEX ?=
+PIP_INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint format clean-venv
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_INDEX) "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_INDEX) -e ".[dev]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/asyncppo train examples/configs/demo.yaml
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/pyright
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix src tests
+	$(VENV)/bin/ruff format src tests
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,83 @@
+"""Config sections of the two losses: `loss_fn` (clipped policy loss) and `value_loss_fn` (clipped value MSE)."""
+
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from asyncppo.config.base import RuleError, Section
+
+KLType = Literal["k1", "k2", "k3"]
+
+
+class PolicyLossConfig(Section):
+    """Clipped PPO policy loss with importance-sampling correction and optional KL terms."""
+
+    ratio_clip_min: float = Field(default=0.2, ge=0)
+    """Lower clip: the ratio is clipped at 1 - ratio_clip_min."""
+    ratio_clip_max: float = Field(default=0.2, ge=0)
+    """Upper clip: the ratio is clipped at 1 + ratio_clip_max (DAPO clip-higher when > ratio_clip_min)."""
+    ratio_clip_c: float | None = Field(default=None, gt=1)
+    """Dual clip constant c > 1: for negative advantages the loss is at most -A * c; null disables."""
+    disable_ppo_ratio: bool = False
+    """Use the plain policy gradient -A * logpi (REINFORCE-like) instead of the clipped ratio."""
+    token_level_loss: bool = True
+    """Average over all valid tokens of the global batch (true) or per sequence first (false)."""
+    sequence_level_importance_ratios: bool = False
+    """GSPO: one ratio per sequence, exp(mean token log-ratio); needs token_level_loss false."""
+    reference_policy_kl_penalty: float = Field(default=0.0, ge=0)
+    """beta of the KL(pi || pi_ref) term (in the loss, or in the reward with use_kl_in_reward)."""
+    reference_policy_kl_type: KLType = "k3"
+    """Estimator of the reference KL."""
+    kl_input_clamp_value: float | None = Field(default=20.0, gt=0)
+    """Clamp of the log-ratio fed to the KL estimator; null disables."""
+    kl_output_clamp_value: float | None = Field(default=10.0, gt=0)
+    """Clamp of the per-token KL estimate; null disables."""
+    use_kl_in_reward: bool = False
+    """Subtract beta * KL from the per-token reward (GAE) instead of adding it to the loss."""
+    behaviour_kl_penalty: float = Field(default=0.0, ge=0)
+    """Weight of KL(pi_gen || pi_theta) on rollout tokens; bounds drift across async steps."""
+    behaviour_kl_type: KLType = "k3"
+    """Estimator of the behaviour KL."""
+    behaviour_kl_input_clamp_value: float | None = Field(default=20.0, gt=0)
+    """Clamp of the behaviour KL log-ratio; null disables."""
+    behaviour_kl_output_clamp_value: float | None = Field(default=10.0, gt=0)
+    """Clamp of the per-token behaviour KL; null disables."""
+    use_importance_sampling_correction: bool = False
+    """Weight each token by exp(old - gen) to correct for the generator's distribution (required for async)."""
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
+    """Truncation of the IS weights: clamp (tis), zero out-of-range tokens (icepop), or drop whole sequences."""
+    truncated_importance_sampling_ratio: float | None = Field(default=None, gt=0)
+    """Upper bound of the IS weight for truncation."""
+    truncated_importance_sampling_ratio_min: float | None = Field(default=None, ge=0)
+    """Lower bound of the IS weight (icepop, seq-mask-tis; tis clamps at this or 0)."""
+    use_on_policy_kl_approximation: bool = False
+    """Weight the reference KL by exp(curr - gen) so it estimates the KL under the current policy."""
+    force_on_policy_ratio: bool = False
+    """Force the ratio to 1 (with gradient); needs one optimizer step per PPO step."""
+    positive_example_nll_weight: float = Field(default=0.0, ge=0)
+    """VAPO: weight of an NLL term on the tokens of samples with positive reward."""
+
+    @model_validator(mode="after")
+    def _check_loss_rules(self) -> Self:
+        if self.sequence_level_importance_ratios and self.token_level_loss:
+            raise RuleError("sequence_level_importance_ratios", "needs token_level_loss: false")
+        if self.truncated_importance_sampling_type is not None:
+            if not self.use_importance_sampling_correction:
+                raise RuleError("truncated_importance_sampling_type", "needs use_importance_sampling_correction: true")
+            if self.truncated_importance_sampling_ratio is None:
+                raise RuleError(
+                    "truncated_importance_sampling_ratio",
+                    f"required when truncated_importance_sampling_type={self.truncated_importance_sampling_type!r}",
+                )
+        return self
+
+
+class ValueLossConfig(Section):
+    """Clipped MSE value loss."""
+
+    scale: float = Field(default=1.0, gt=0)
+    """Multiplier of the value loss."""
+    cliprange: float | None = Field(default=None, gt=0)
+    """Clip the new value to old +- cliprange (PPO value clipping); null disables."""
+    homogeneous_group_weight: float = Field(default=1.0, ge=0)
+    """Loss weight of groups whose rollouts all got the same reward (needs the residual baseline when != 1)."""

@@ -1,0 +1,261 @@
+"""Config sections around the algorithm: data, generation, environment, cluster, checkpoints, logging."""
+
+from typing import Any, Literal, Self
+
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+
+from asyncppo.config.base import RuleError, Section
+
+
+class DataConfig(Section):
+    """Training and validation prompts."""
+
+    train_path: str
+    """JSONL file or local Hugging Face `datasets` directory of training rows."""
+    validation_path: str | None = None
+    """Validation rows; null = split validation_fraction off the training rows."""
+    validation_fraction: float = Field(default=0.0, ge=0, lt=1)
+    """Share of training rows held out for validation when validation_path is null."""
+    prompt_key: str = "prompt"
+    """Row field holding a plain-text prompt (used when the row has no messages_key)."""
+    messages_key: str = "messages"
+    """Row field holding a chat message list."""
+    system_prompt: str | None = None
+    """System message prepended to plain-text prompts."""
+    max_input_seq_length: PositiveInt | None = None
+    """Prompts longer than this many tokens are rejected at load time; null = no limit."""
+    shuffle: bool = True
+    """Shuffle training rows each epoch (seeded by ppo.seed)."""
+    num_workers: NonNegativeInt = 0
+    """Data loader worker processes."""
+
+
+class ColocationConfig(Section):
+    """Where generation runs relative to training."""
+
+    enabled: bool = True
+    """Generate inside the policy workers' processes (sync only) instead of on separate generator workers."""
+
+
+class WeightSyncConfig(Section):
+    """Pushing policy weights to non-colocated generators."""
+
+    bucket_size_mb: PositiveInt = 256
+    """Flat bucket size of each broadcast."""
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Timeout of every collective; a sync that takes longer fails naming the rank and bucket."""
+    checksum_period: NonNegativeInt = 1
+    """Compare generator and trainer weight checksums every N pushes; 0 never."""
+
+
+class GenerationConfig(Section):
+    """Sampling and the generation engine."""
+
+    backend: Literal["hf"] = "hf"
+    """Generation engine: `hf` (transformers; CPU and GPU)."""
+    max_new_tokens: PositiveInt = 256
+    """Most tokens generated per model call."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature; training logprobs use the same temperature."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling mass; 1.0 disables."""
+    top_k: NonNegativeInt = 0
+    """Top-k sampling; 0 disables (never inherit transformers' implicit top_k=50)."""
+    val_temperature: float | None = Field(default=None, ge=0)
+    """Validation temperature; null = temperature, 0 = greedy."""
+    val_top_p: float | None = Field(default=None, gt=0, le=1)
+    """Validation nucleus mass; null = top_p."""
+    stop_token_ids: list[int] | None = None
+    """Extra token ids that end a generation (EOS always does)."""
+    stop_strings: list[str] | None = None
+    """Strings that end a generation."""
+    max_batch_size: PositiveInt = 64
+    """Most requests decoded together by the batching loop."""
+    compile: bool = False
+    """CUDA only: static KV cache + torch.compile for decoding."""
+    num_workers: PositiveInt = 1
+    """Generator workers when not colocated."""
+    colocated: ColocationConfig = ColocationConfig()
+    """Colocation of generation with training."""
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    """Weight pushes to non-colocated generators."""
+
+
+class GymConfig(Section):
+    """NeMo-Gym-compatible environment servers."""
+
+    launch: Literal["builtin", "external"] = "builtin"
+    """`builtin`: the trainer starts asyncppo's own gym servers; `external`: connect to running ones."""
+    head_server_url: str | None = None
+    """Head server for config lookup (GET /global_config_dict_yaml); external launch."""
+    agent_urls: dict[str, str] = Field(default_factory=dict)
+    """Agent name -> base URL, used instead of a head server lookup."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Server config passed to the built-in servers (instance name -> server block)."""
+    max_concurrency: PositiveInt = 32
+    """Rollouts in flight against the agents at once."""
+    rollout_deadline_s: float = Field(default=600.0, gt=0)
+    """Per-rollout deadline; a rollout past it fails and is counted."""
+    max_retries: NonNegativeInt = 3
+    """Retries of a whole rollout after a transient failure (connection, 5xx, 408, 429)."""
+
+
+class EnvConfig(Section):
+    """Where rewards come from: a reward function on single-turn rollouts, or gym environments."""
+
+    reward_function: str = "math"
+    """Single-turn reward: `math`, `exact_match`, or `module:function` for a user function."""
+    should_use_nemo_gym: bool = False
+    """Collect rollouts from NeMo-Gym-compatible servers instead of single-turn generation."""
+    should_log_nemo_gym_responses: bool = False
+    """Keep the full gym results in the rollout dumps."""
+    gym: GymConfig = GymConfig()
+    """Gym servers."""
+
+    @field_validator("reward_function")
+    @classmethod
+    def _check_reward_function(cls, value: str) -> str:
+        if value in ("math", "exact_match"):
+            return value
+        module, sep, function = value.partition(":")
+        if not sep or not module or not function:
+            raise ValueError(f"{value!r} is not 'math', 'exact_match' or 'module:function'")
+        return value
+
+
+class RewardPenaltiesConfig(Section):
+    """Gym reward zeroing, applied before advantages (so it stays consistent with GAE)."""
+
+    penalize_duplicated_reasoning: bool = False
+    """Zero the reward when the reasoning repeats itself."""
+    penalize_empty_final_answer: bool = False
+    """Zero the reward when the final answer is empty."""
+    penalize_unwanted_tokens: bool = False
+    """Zero the reward when the response contains any of token_ids_unwanted."""
+    penalize_malformed_think_tag: bool = False
+    """Zero the reward when think tags are unbalanced or nested."""
+    token_ids_unwanted: list[int] = Field(default_factory=list)
+    """Token ids penalised by penalize_unwanted_tokens."""
+
+    @model_validator(mode="after")
+    def _check_unwanted(self) -> Self:
+        if self.penalize_unwanted_tokens and not self.token_ids_unwanted:
+            raise RuleError("token_ids_unwanted", "must list token ids when penalize_unwanted_tokens is true")
+        return self
+
+    @property
+    def any_enabled(self) -> bool:
+        """Whether any penalty is switched on."""
+        return (
+            self.penalize_duplicated_reasoning
+            or self.penalize_empty_final_answer
+            or self.penalize_unwanted_tokens
+            or self.penalize_malformed_think_tag
+        )
+
+
+class ClusterConfig(Section):
+    """Devices and the Ray cluster."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto` uses CUDA when available."""
+    num_nodes: PositiveInt = 1
+    """Nodes of the cluster."""
+    gpus_per_node: NonNegativeInt = 0
+    """GPUs per node; 0 on CPU machines."""
+    ray_address: str | None = None
+    """Existing Ray cluster; null starts a local one bound to 127.0.0.1."""
+    num_cpus: PositiveInt | None = None
+    """CPUs given to a local Ray cluster; null = all."""
+
+
+class CheckpointingConfig(Section):
+    """Step checkpoints and resume."""
+
+    enabled: bool = True
+    """Write checkpoints and resume from the newest complete one."""
+    checkpoint_dir: str | None = None
+    """Checkpoint directory; null = `checkpoints/` in the run directory."""
+    save_period: PositiveInt = 10
+    """Save every N steps (and always after the last step)."""
+    keep_top_k: PositiveInt | None = None
+    """Keep the best k checkpoints by metric_name (the newest is always kept); null keeps all."""
+    metric_name: str | None = None
+    """Ranking metric, `val:<key>` or `train:<key>`; required with keep_top_k."""
+    higher_is_better: bool = True
+    """Direction of metric_name."""
+    save_optimizer: bool = True
+    """Save optimizer and scheduler states (needed for an exact resume)."""
+    checkpoint_must_save_by: str | None = None
+    """Wall-clock budget `DD:HH:MM:SS`; when it runs out the run saves and stops."""
+
+    @field_validator("metric_name")
+    @classmethod
+    def _check_metric_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("val:", "train:")):
+            raise ValueError(f"{value!r} must start with 'val:' or 'train:'")
+        return value
+
+    @field_validator("checkpoint_must_save_by")
+    @classmethod
+    def _check_deadline(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = value.split(":")
+            if len(parts) != 4 or not all(part.isdigit() for part in parts):
+                raise ValueError(f"{value!r} is not DD:HH:MM:SS")
+        return value
+
+    @model_validator(mode="after")
+    def _check_top_k(self) -> Self:
+        if self.keep_top_k is not None and self.metric_name is None:
+            raise RuleError("metric_name", "required when keep_top_k is set")
+        return self
+
+    @property
+    def must_save_by_seconds(self) -> float | None:
+        """checkpoint_must_save_by in seconds."""
+        if self.checkpoint_must_save_by is None:
+            return None
+        days, hours, minutes, seconds = (int(part) for part in self.checkpoint_must_save_by.split(":"))
+        return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+class WandbConfig(Section):
+    """Weights & Biases sink (the `wandb` extra)."""
+
+    project: str = "asyncppo"
+    """W&B project."""
+    name: str | None = None
+    """Run name; null = the run directory name."""
+    entity: str | None = None
+    """W&B entity (team or user)."""
+
+
+class MlflowConfig(Section):
+    """MLflow sink (the `mlflow` extra)."""
+
+    experiment_name: str = "asyncppo"
+    """MLflow experiment."""
+    tracking_uri: str | None = None
+    """Tracking server; null = a local `mlruns/` in the run directory."""
+
+
+class LoggerConfig(Section):
+    """Metric sinks; metrics.jsonl in the run directory is always written."""
+
+    log_dir: str = "runs/default"
+    """Run directory (config, metrics, checkpoints, plots); `asyncppo train --run-dir` overrides it."""
+    console: bool = True
+    """Show the progress bar and per-step summary."""
+    tensorboard_enabled: bool = True
+    """Write TensorBoard events to the run directory."""
+    wandb_enabled: bool = False
+    """Log to Weights & Biases."""
+    mlflow_enabled: bool = False
+    """Log to MLflow."""
+    wandb: WandbConfig = WandbConfig()
+    """W&B settings."""
+    mlflow: MlflowConfig = MlflowConfig()
+    """MLflow settings."""
+    mismatch_plot_threshold: float = Field(default=1.05, gt=1)
+    """Plot the worst sequence's logprobs when token_mult_prob_error exceeds this."""

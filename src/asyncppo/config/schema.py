@@ -1,0 +1,119 @@
+"""The run config: one pydantic tree of every section, and the rules that span sections.
+
+Builders in `cli/` read this tree and hand plain arguments to components; nothing below layer 4 takes
+a config object whole (the "no intrusive configs" rule).
+"""
+
+from typing import Self
+
+from pydantic import model_validator
+
+from asyncppo.config.base import RuleError, Section
+from asyncppo.config.losses import PolicyLossConfig, ValueLossConfig
+from asyncppo.config.models import PolicyModelConfig, ValueModelConfig
+from asyncppo.config.ppo import PPOConfig
+from asyncppo.config.runtime import (
+    CheckpointingConfig,
+    ClusterConfig,
+    DataConfig,
+    EnvConfig,
+    GenerationConfig,
+    LoggerConfig,
+    RewardPenaltiesConfig,
+)
+
+
+class RunConfig(Section):
+    """Everything a training run needs."""
+
+    model: PolicyModelConfig
+    """The policy model and its training."""
+    value: ValueModelConfig | None = None
+    """The critic and its training; required unless ppo.adv_estimator.name is raw_reward (no critic)."""
+    data: DataConfig
+    """Training and validation data."""
+    generation: GenerationConfig = GenerationConfig()
+    """Sampling and the generation engine."""
+    env: EnvConfig = EnvConfig()
+    """Rewards and environments."""
+    ppo: PPOConfig
+    """The PPO loop."""
+    loss_fn: PolicyLossConfig = PolicyLossConfig()
+    """Policy loss."""
+    value_loss_fn: ValueLossConfig = ValueLossConfig()
+    """Value loss."""
+    reward_penalties: RewardPenaltiesConfig = RewardPenaltiesConfig()
+    """Gym reward zeroing."""
+    cluster: ClusterConfig = ClusterConfig()
+    """Devices and Ray."""
+    checkpointing: CheckpointingConfig = CheckpointingConfig()
+    """Checkpoints and resume."""
+    logger: LoggerConfig = LoggerConfig()
+    """Metric sinks and the run directory."""
+
+    @model_validator(mode="after")
+    def _check_cross_section_rules(self) -> Self:
+        self._check_critic()
+        self._check_async()
+        self._check_kl()
+        if self.reward_penalties.any_enabled and not self.env.should_use_nemo_gym:
+            raise RuleError(
+                "reward_penalties",
+                "penalties apply to gym results only: set env.should_use_nemo_gym: true or switch them off",
+            )
+        if self.loss_fn.force_on_policy_ratio:
+            step_batch = self.ppo.num_prompts_per_step * self.ppo.num_generations_per_prompt
+            global_batch = self.model.train_global_batch_size
+            if global_batch is not None and global_batch != step_batch:
+                raise RuleError(
+                    "loss_fn.force_on_policy_ratio",
+                    f"needs one optimizer step per PPO pass: model.train_global_batch_size={global_batch} must be "
+                    f"null or ppo.num_prompts_per_step * ppo.num_generations_per_prompt = {step_batch}",
+                )
+        if self.generation.max_new_tokens >= self.model.max_total_sequence_length:
+            raise RuleError(
+                "generation.max_new_tokens",
+                f"{self.generation.max_new_tokens} leaves no room for the prompt within "
+                f"model.max_total_sequence_length={self.model.max_total_sequence_length}",
+            )
+        return self
+
+    def _check_critic(self) -> None:
+        estimator = self.ppo.adv_estimator
+        if estimator.uses_critic and self.value is None:
+            raise RuleError("value", f"required: ppo.adv_estimator.name={estimator.name!r} trains a critic")
+        weight = self.value_loss_fn.homogeneous_group_weight
+        if weight != 1.0 and not estimator.residual_baseline:
+            raise RuleError(
+                "value_loss_fn.homogeneous_group_weight",
+                f"{weight} needs ppo.adv_estimator.residual_baseline: true (homogeneous groups are defined by it)",
+            )
+
+    def _check_async(self) -> None:
+        if not self.ppo.async_ppo.enabled:
+            return
+        if not self.loss_fn.use_importance_sampling_correction:
+            raise RuleError(
+                "loss_fn.use_importance_sampling_correction",
+                "must be true when ppo.async_ppo.enabled is true: async rollouts come from older weights",
+            )
+        if self.generation.colocated.enabled:
+            raise RuleError(
+                "generation.colocated.enabled",
+                "must be false when ppo.async_ppo.enabled is true: async generation runs on separate workers",
+            )
+
+    def _check_kl(self) -> None:
+        beta = self.loss_fn.reference_policy_kl_penalty
+        if beta > 0 and self.ppo.skip_reference_policy_logprobs_calculation:
+            raise RuleError(
+                "ppo.skip_reference_policy_logprobs_calculation",
+                f"must be false when loss_fn.reference_policy_kl_penalty={beta} > 0 (the KL needs reference logprobs)",
+            )
+
+    @property
+    def value_model_name(self) -> str:
+        """The critic's initial weights: value.model_name, or the policy's model when null."""
+        if self.value is not None and self.value.model_name is not None:
+            return self.value.model_name
+        return self.model.model_name

@@ -1,0 +1,1 @@
+"""Layer 2: process groups and weight sync between trainers and generators."""

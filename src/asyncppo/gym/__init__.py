@@ -1,0 +1,1 @@
+"""Layer 1: the NeMo-Gym HTTP protocol: policy server, gym client and built-in environment servers."""

@@ -1,0 +1,1 @@
+"""Layer 1: the Trajectory record, single-turn rollouts and reward functions."""

@@ -1,0 +1,53 @@
+"""`asyncppo config show|keys` as a user runs them: a real subprocess, its output and its exit status."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).parents[2]
+DEMO = "examples/configs/demo.yaml"
+
+
+def _asyncppo(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "asyncppo", *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_config_show_prints_the_resolved_config_with_overrides():
+    result = _asyncppo("config", "show", DEMO, "ppo.ppo_epochs=3")
+    assert result.returncode == 0, result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown["ppo"]["ppo_epochs"] == 3
+    assert shown["generation"]["top_k"] == 0  # schema defaults are written out too
+
+
+def test_config_show_rejects_a_typo_in_one_line_without_a_traceback():
+    result = _asyncppo("config", "show", DEMO, "ppo.ppo_epochz=3")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == "error: ppo.ppo_epochz: unknown key; did you mean 'ppo.ppo_epochs'?\n"
+
+
+def test_config_show_names_a_dropped_required_key(tmp_path):
+    tree = yaml.safe_load((REPO / DEMO).read_text())
+    del tree["ppo"]["adv_estimator"]["residual_baseline"]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(tree))
+    result = _asyncppo("config", "show", str(broken))
+    assert result.returncode == 2
+    assert result.stderr == "error: ppo.adv_estimator.residual_baseline: required when name='gae' (missing)\n"
+    assert "Traceback" not in result.stderr
+
+
+def test_config_keys_lists_documented_keys_under_a_prefix():
+    result = _asyncppo("config", "keys", "ppo.async_ppo")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines and all(line.startswith("ppo.async_ppo.") for line in lines)
+    expected = "ppo.async_ppo.max_trajectory_age_steps (default 1): Staleness window"
+    assert any(line.startswith(expected) for line in lines)

@@ -1,0 +1,242 @@
+"""Every load-time rule of the config (seed-system.md 4.6 and ours): a rejecting case each, and a valid config."""
+
+import pytest
+
+from asyncppo.config import ConfigError, validate_tree
+
+
+def _rejected(tree) -> str:
+    with pytest.raises(ConfigError) as caught:
+        validate_tree(tree)
+    assert len(caught.value.lines) == 1, caught.value.lines
+    return caught.value.lines[0]
+
+
+def test_minimal_config_is_valid_and_fills_schema_defaults(tree):
+    config = validate_tree(tree)
+    assert config.ppo.resolved_critic_ppo_epochs == 1
+    assert config.generation.top_k == 0
+    assert config.ppo.async_ppo.drop_incomplete_targets_on_restore is True
+    assert config.value_model_name == "tiny:tiny"
+
+
+def test_ppo_epochs_must_be_at_least_one(tree):
+    tree["ppo"]["ppo_epochs"] = 0
+    assert _rejected(tree).startswith("ppo.ppo_epochs: Input should be greater than or equal to 1")
+
+
+def test_critic_epochs_may_not_be_fewer_than_policy_epochs(tree):
+    tree["ppo"]["ppo_epochs"] = 3
+    tree["ppo"]["critic_ppo_epochs"] = 2
+    assert _rejected(tree).startswith("ppo.critic_ppo_epochs: 2 must be >= ppo_epochs=3")
+    tree["ppo"]["critic_ppo_epochs"] = 5
+    assert validate_tree(tree).ppo.resolved_critic_ppo_epochs == 5
+
+
+def test_residual_baseline_needs_gamma_one(tree):
+    tree["ppo"]["adv_estimator"].update(residual_baseline=True, gae_gamma=0.99)
+    assert _rejected(tree).startswith("ppo.adv_estimator.gae_gamma: must be 1 when residual_baseline is true")
+
+
+def test_residual_turn_gae_needs_turn_gamma_one(tree):
+    tree["ppo"]["adv_estimator"] = {
+        "name": "turn_gae",
+        "turn_gae_gamma": 0.9,
+        "turn_gae_lambda_value": 1.0,
+        "turn_gae_lambda_policy": 0.95,
+        "normalize_advantages": True,
+        "residual_baseline": True,
+    }
+    assert _rejected(tree).startswith("ppo.adv_estimator.turn_gae_gamma: must be 1")
+
+
+def test_residual_baseline_needs_two_generations_per_prompt(tree):
+    tree["ppo"]["adv_estimator"]["residual_baseline"] = True
+    tree["ppo"]["num_generations_per_prompt"] = 1
+    assert _rejected(tree).startswith("ppo.num_generations_per_prompt: must be >= 2")
+
+
+def test_homogeneous_group_weight_needs_the_residual_baseline(tree):
+    tree["value_loss_fn"] = {"homogeneous_group_weight": 0.5}
+    assert _rejected(tree).startswith("value_loss_fn.homogeneous_group_weight: 0.5 needs")
+    tree["ppo"]["adv_estimator"]["residual_baseline"] = True
+    assert validate_tree(tree).value_loss_fn.homogeneous_group_weight == 0.5
+
+
+def test_homogeneous_group_weight_may_not_be_negative(tree):
+    tree["value_loss_fn"] = {"homogeneous_group_weight": -0.1}
+    assert _rejected(tree).startswith("value_loss_fn.homogeneous_group_weight: Input should be greater than")
+
+
+def test_raw_reward_forbids_the_residual_baseline(tree):
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True, "residual_baseline": True}
+    assert _rejected(tree).startswith("ppo.adv_estimator.residual_baseline: must be false or absent")
+
+
+def test_raw_reward_needs_no_critic(tree):
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": False}
+    del tree["value"]
+    config = validate_tree(tree)
+    assert config.value is None and not config.ppo.adv_estimator.uses_critic
+
+
+def test_critic_estimators_need_the_value_section(tree):
+    del tree["value"]
+    assert _rejected(tree).startswith("value: required: ppo.adv_estimator.name='gae' trains a critic")
+
+
+def test_length_adaptive_alpha_may_not_be_null(tree):
+    tree["ppo"]["adv_estimator"]["length_adaptive_alpha"] = None
+    assert _rejected(tree).startswith("ppo.adv_estimator.length_adaptive_alpha: may not be null")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "gae_gamma",
+        "gae_lambda",
+        "gae_lambda_value",
+        "gae_lambda_policy",
+        "length_adaptive_alpha",
+        "normalize_advantages",
+        "residual_baseline",
+    ],
+)
+def test_every_gae_key_is_required(tree, key):
+    del tree["ppo"]["adv_estimator"][key]
+    assert _rejected(tree) == f"ppo.adv_estimator.{key}: required when name='gae' (missing)"
+
+
+def test_decoupled_lambdas_accept_null_but_not_absence(tree):
+    assert validate_tree(tree).ppo.adv_estimator.gae_lambda_value is None
+
+
+@pytest.mark.parametrize("key", ["turn_gae_gamma", "turn_gae_lambda_value", "turn_gae_lambda_policy"])
+def test_turn_gae_keys_are_required_and_non_null(tree, key):
+    tree["ppo"]["adv_estimator"] = {
+        "name": "turn_gae",
+        "turn_gae_gamma": 1.0,
+        "turn_gae_lambda_value": 1.0,
+        "turn_gae_lambda_policy": 0.95,
+        "normalize_advantages": True,
+        "residual_baseline": False,
+    }
+    assert validate_tree(tree).ppo.adv_estimator.gamma == 1.0
+    tree["ppo"]["adv_estimator"][key] = None
+    assert _rejected(tree) == f"ppo.adv_estimator.{key}: may not be null when name='turn_gae'"
+    del tree["ppo"]["adv_estimator"][key]
+    assert _rejected(tree) == f"ppo.adv_estimator.{key}: required when name='turn_gae' (missing)"
+
+
+def test_adv_estimator_is_required(tree):
+    del tree["ppo"]["adv_estimator"]
+    assert _rejected(tree) == "ppo.adv_estimator: required key is missing"
+
+
+def test_unsupported_estimator_names_the_allowed_values(tree):
+    tree["ppo"]["adv_estimator"]["name"] = "vtrace"
+    line = _rejected(tree)
+    assert line.startswith("ppo.adv_estimator.name: Input should be 'gae', 'turn_gae' or 'raw_reward'")
+
+
+def test_async_needs_importance_sampling_correction(tree):
+    tree["ppo"]["async_ppo"] = {"enabled": True}
+    tree["generation"] = {"colocated": {"enabled": False}}
+    assert _rejected(tree).startswith("loss_fn.use_importance_sampling_correction: must be true")
+
+
+def test_async_needs_non_colocated_generation(tree):
+    tree["ppo"]["async_ppo"] = {"enabled": True}
+    tree["loss_fn"] = {"use_importance_sampling_correction": True}
+    assert _rejected(tree).startswith("generation.colocated.enabled: must be false")
+    tree["generation"] = {"colocated": {"enabled": False}}
+    assert validate_tree(tree).ppo.async_ppo.enabled
+
+
+def test_reward_penalties_need_the_gym(tree):
+    tree["reward_penalties"] = {"penalize_empty_final_answer": True}
+    assert _rejected(tree).startswith("reward_penalties: penalties apply to gym results only")
+    tree["env"] = {"should_use_nemo_gym": True}
+    assert validate_tree(tree).reward_penalties.any_enabled
+
+
+def test_unwanted_token_penalty_needs_token_ids(tree):
+    tree["env"] = {"should_use_nemo_gym": True}
+    tree["reward_penalties"] = {"penalize_unwanted_tokens": True}
+    assert _rejected(tree).startswith("reward_penalties.token_ids_unwanted: must list token ids")
+
+
+@pytest.mark.parametrize("key", ["invalid_tool_call_advantage", "malformed_thinking_advantage"])
+def test_advantage_overwrite_penalties_are_rejected_for_ppo(tree, key):
+    tree["ppo"][key] = -1.0
+    assert _rejected(tree).startswith(f"ppo.{key}: overwrites advantages per message")
+    tree["ppo"][key] = None
+    validate_tree(tree)
+
+
+def test_rollout_dump_period_is_required_when_dumping(tree):
+    tree["ppo"]["log_rollout_dump"] = True
+    assert _rejected(tree) == "ppo.rollout_dump_period: required when log_rollout_dump is true"
+    tree["ppo"]["rollout_dump_period"] = 5
+    validate_tree(tree)
+
+
+def test_reference_kl_needs_reference_logprobs(tree):
+    tree["loss_fn"] = {"reference_policy_kl_penalty": 0.01}
+    assert _rejected(tree).startswith("ppo.skip_reference_policy_logprobs_calculation: must be false")
+
+
+def test_dual_clip_constant_must_exceed_one(tree):
+    tree["loss_fn"] = {"ratio_clip_c": 1.0}
+    assert _rejected(tree).startswith("loss_fn.ratio_clip_c: Input should be greater than 1")
+
+
+def test_truncated_importance_sampling_needs_correction_and_a_ratio(tree):
+    tree["loss_fn"] = {"truncated_importance_sampling_type": "tis"}
+    assert _rejected(tree).startswith("loss_fn.truncated_importance_sampling_type: needs use_importance_sampling")
+    tree["loss_fn"]["use_importance_sampling_correction"] = True
+    assert _rejected(tree).startswith("loss_fn.truncated_importance_sampling_ratio: required")
+
+
+def test_sequence_level_ratios_need_sequence_level_loss(tree):
+    tree["loss_fn"] = {"sequence_level_importance_ratios": True}
+    assert _rejected(tree).startswith("loss_fn.sequence_level_importance_ratios: needs token_level_loss: false")
+
+
+def test_force_on_policy_ratio_needs_one_optimizer_step_per_pass(tree):
+    tree["loss_fn"] = {"force_on_policy_ratio": True}
+    tree["model"]["train_global_batch_size"] = 4
+    assert _rejected(tree).startswith("loss_fn.force_on_policy_ratio: needs one optimizer step per PPO pass")
+    tree["model"]["train_global_batch_size"] = 8
+    validate_tree(tree)
+
+
+def test_generation_length_must_leave_room_for_the_prompt(tree):
+    tree["generation"] = {"max_new_tokens": 4096}
+    assert _rejected(tree).startswith("generation.max_new_tokens: 4096 leaves no room")
+
+
+def test_keep_top_k_needs_a_metric(tree):
+    tree["checkpointing"] = {"keep_top_k": 2}
+    assert _rejected(tree).startswith("checkpointing.metric_name: required when keep_top_k is set")
+    tree["checkpointing"]["metric_name"] = "reward"
+    assert "must start with 'val:' or 'train:'" in _rejected(tree)
+
+
+def test_checkpoint_deadline_is_parsed(tree):
+    tree["checkpointing"] = {"checkpoint_must_save_by": "00:01:30:05"}
+    assert validate_tree(tree).checkpointing.must_save_by_seconds == 5405.0
+    tree["checkpointing"] = {"checkpoint_must_save_by": "90 minutes"}
+    assert "is not DD:HH:MM:SS" in _rejected(tree)
+
+
+def test_reward_function_must_be_known_or_importable_name(tree):
+    tree["env"] = {"reward_function": "mymodule.reward"}
+    assert "is not 'math', 'exact_match' or 'module:function'" in _rejected(tree)
+    tree["env"] = {"reward_function": "mymodule:reward"}
+    validate_tree(tree)
+
+
+def test_reward_shaping_needs_lengths(tree):
+    tree["ppo"]["reward_shaping"] = {"enabled": True}
+    assert _rejected(tree).startswith("ppo.reward_shaping.overlong_buffer_length: required")
