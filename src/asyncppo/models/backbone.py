@@ -1,0 +1,43 @@
+"""The transformer trunk of a Hugging Face model, run once per batch to get per-position hidden states.
+
+Shared by `policy.token_logprobs` (output head applied in chunks) and `value.values` (scalar head applied
+per position). Letters: B batch, S sequence, H hidden size.
+"""
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+
+def get_backbone(model: PreTrainedModel) -> nn.Module:
+    """The trunk under a task head (`model.model` for Llama): `base_model_prefix` names it in every HF class."""
+    backbone = getattr(model, model.base_model_prefix, None)
+    if not isinstance(backbone, nn.Module):
+        raise ValueError(
+            f"{type(model).__name__} has no backbone attribute {model.base_model_prefix!r} (its base_model_prefix)"
+        )
+    return backbone
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, S] positions counted over real tokens only: cumsum(mask) - 1, clamped at 0 on leading padding.
+
+    This is what `generate` uses for left-padded prompts, so a recompute of a left-padded batch sees the
+    same rotary positions the generator saw; for right padding it equals 0..S-1 on every real token.
+    """
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def last_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, S, H] final hidden states (after the final norm) of `model`'s backbone, in the model's dtype."""
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, S]"
+        )
+    outputs = get_backbone(model)(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
+    return outputs.last_hidden_state

@@ -1,0 +1,91 @@
+"""The value model (critic): a causal LM backbone with a scalar head, right-shifted per-position values.
+
+Called by the value workers (values before an update, critic training) and the checkpointer. The model is
+the standard Hugging Face `*ForSequenceClassification` class with num_labels=1, so a saved critic loads with
+`AutoModelForSequenceClassification.from_pretrained`. Letters: B batch, S sequence, H hidden size.
+"""
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+
+from asyncppo.models.backbone import last_hidden_states
+from asyncppo.models.model_directory import require_model_directory
+
+
+def load_value_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> PreTrainedModel:
+    """A value model from `path`: a causal LM directory (fresh head) or a saved value model (all weights).
+
+    From a causal LM, the backbone weights load and the head, absent from the checkpoint, is set to zero so
+    the critic predicts exactly 0 everywhere before its first update (no random initial bias in the
+    advantages). The LM's output head is not used.
+    """
+    directory = require_model_directory(path)
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if type(config) not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING:
+        raise ValueError(
+            f"model type {config.model_type!r} in {str(directory)!r} has no sequence-classification class in "
+            "transformers, which the value model is built on; use a decoder such as llama or qwen2"
+        )
+    config.num_labels = 1
+    if getattr(config, "pad_token_id", None) is None:
+        # The classification forward (not used by `values`) needs a pad id to find each row's last token;
+        # set one so the saved model also works with stock pipelines. transformers 5 configs only carry the
+        # special token ids their model declares, hence getattr.
+        eos = getattr(config, "eos_token_id", None)
+        config.pad_token_id = eos[0] if isinstance(eos, list) else eos
+    model, loading_info = AutoModelForSequenceClassification.from_pretrained(
+        directory, config=config, dtype=dtype, local_files_only=True, output_loading_info=True
+    )
+    missing = set(loading_info["missing_keys"])
+    backbone_prefix = f"{model.base_model_prefix}."
+    if missing_backbone := sorted(key for key in missing if key.startswith(backbone_prefix)):
+        raise ValueError(f"{str(directory)!r} lacks backbone weights {missing_backbone[:5]} for a value model")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name in missing:
+                parameter.zero_()
+    return model.to(device)
+
+
+def value_head(model: PreTrainedModel) -> nn.Module:
+    """The scalar head (`score`, H -> 1) of a decoder `*ForSequenceClassification` model."""
+    head = getattr(model, "score", None)
+    if not isinstance(head, nn.Module):
+        raise ValueError(f"{type(model).__name__} has no `score` head; expected a decoder *ForSequenceClassification")
+    return head
+
+
+def values(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, S] fp32 values, right-shifted: values[:, t] = V(state before token t).
+
+    values[:, 0] = 0 and values[:, t] = head(h[:, t-1]) for t >= 1, where h [B, S, H] are the backbone's
+    last hidden states; positions where attention_mask is 0 also hold 0. The backbone runs once for all
+    positions (the classification forward would pool one position per row). The head runs in the model's
+    dtype and its output is cast to fp32.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [B, S] with S >= 1, got {tuple(input_ids.shape)}")
+    hidden = last_hidden_states(model, input_ids, attention_mask)
+    scores = value_head(model)(hidden[:, :-1]).float().squeeze(-1)  # [B, S-1]: state before token t is h[t-1]
+    shifted = torch.nn.functional.pad(scores, (1, 0))
+    return torch.where(attention_mask.bool(), shifted, torch.zeros_like(shifted))
+
+
+def save_value_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+    """Write the value model (safetensors) and its tokenizer into `path` with save_pretrained; returns it."""
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
