@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/pyright
 	$(VENV)/bin/pytest
 
 demo: $(STAMP)
