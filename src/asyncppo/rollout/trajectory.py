@@ -66,7 +66,9 @@ class Trajectory:
                 f"trajectory of group {self.group_id}: message_log covers {covered} tokens but there are {length}"
             )
         if not 0 < self.prompt_length <= length:
-            raise ValueError(f"trajectory of group {self.group_id}: prompt_length {self.prompt_length} not in 1..{length}")
+            raise ValueError(
+                f"trajectory of group {self.group_id}: prompt_length {self.prompt_length} not in 1..{length}"
+            )
 
     @property
     def num_generated_tokens(self) -> int:

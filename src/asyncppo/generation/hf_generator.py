@@ -1,0 +1,307 @@
+"""HFGenerator: the `hf` backend of the Generator protocol, a transformers causal LM behind a batching thread.
+
+Built by the generation workers and tests; the rollout code and the policy server submit to it concurrently.
+
+    submit() --> queue --> serving thread: take <= max_batch_size requests --> decode_batch --> futures
+
+Requests with different SamplingParams share a batch (sampling settings are per row). Weights change only
+between batches: the serving thread holds `_model_lock` for a whole batch, and `load_weights` /
+`set_policy_version` take the same lock, so a batch never sees two weight versions.
+"""
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from asyncppo.generation.hf_decoding import decode_batch
+from asyncppo.generation.protocol import GenerationRequest, GenerationResult, GeneratorClosedError
+
+
+@dataclass(frozen=True)
+class GeneratorStats:
+    """Counters since the engine started (read with `HFGenerator.stats()`)."""
+
+    num_batches: int = 0
+    """Batches decoded successfully."""
+    num_failed_batches: int = 0
+    """Batches whose decode raised (their futures carry the exception)."""
+    num_requests: int = 0
+    num_generated_tokens: int = 0
+    largest_batch_size: int = 0
+    decode_seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode inside, each module's own training flag restored after (a colocated trainer shares the model)."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def check_named_tensors(model: nn.Module, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
+    """ValueError unless `named_tensors` covers every parameter of `model` exactly once, with matching shapes.
+
+    Tied parameters (e.g. lm_head.weight and embed_tokens.weight) may come under either name or both.
+    """
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    names = [name for name, _ in named_tensors]
+    if duplicates := sorted({name for name in names if names.count(name) > 1}):
+        raise ValueError(f"load_weights: parameters sent more than once: {duplicates[:5]}")
+    if extra := [name for name in names if name not in parameters]:
+        raise ValueError(f"load_weights: {extra[:5]} are not parameters of {type(model).__name__}")
+    for name, tensor in named_tensors:
+        if tuple(tensor.shape) != tuple(parameters[name].shape):
+            raise ValueError(
+                f"load_weights: {name} has shape {tuple(tensor.shape)}, the model's is {tuple(parameters[name].shape)}"
+            )
+    covered = {id(parameters[name]) for name in names}
+    if missing := [name for name, parameter in model.named_parameters() if id(parameter) not in covered]:
+        raise ValueError(f"load_weights: missing parameters {missing[:5]} ({len(missing)} in all)")
+
+
+class HFGenerator:
+    """A Generator over a transformers causal LM already on `device`, decoded by `hf_decoding.decode_batch`.
+
+    Validation errors (empty prompt, unknown token id, prompt too long for max_context_length) fail the
+    returned future at once. An exception inside a batch fails that batch's futures with it; the engine
+    keeps serving. `seed` seeds the one sampling generator, so a fixed sequence of batches is reproducible.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        max_batch_size: int,
+        device: str | torch.device,
+        seed: int,
+        max_context_length: int,
+        compile: bool = False,
+        policy_version: int = 0,
+    ) -> None:
+        if compile:
+            # A static KV cache + torch.compile path for CUDA is future work; the eager loop stays the reference.
+            raise NotImplementedError("HFGenerator(compile=True) is not implemented; use compile=False (eager)")
+        if not eos_token_ids:
+            raise ValueError("eos_token_ids must name at least one token id")
+        if max_batch_size < 1 or max_context_length < 2:
+            raise ValueError(
+                f"need max_batch_size >= 1 and max_context_length >= 2, got {max_batch_size}, {max_context_length}"
+            )
+        wanted, model_device = torch.device(device), next(model.parameters()).device
+        # "cuda" names whichever GPU is current, so only an explicit index has to match.
+        if model_device.type != wanted.type or wanted.index not in (None, model_device.index):
+            raise ValueError(f"the model is on {model_device}, not on device={wanted}; move it first")
+        self._device = model_device
+        self._model = model
+        self._eos_token_ids = frozenset(eos_token_ids)
+        self._pad_token_id = pad_token_id
+        self._max_batch_size = max_batch_size
+        self._max_context_length = max_context_length
+        embedding_weight = model.get_input_embeddings().weight
+        assert isinstance(embedding_weight, torch.Tensor)
+        self._vocab_size = int(embedding_weight.shape[0])  # ids at or past it would crash the embedding lookup
+        if not 0 <= pad_token_id < self._vocab_size:
+            raise ValueError(f"pad_token_id={pad_token_id} is outside the vocabulary [0, {self._vocab_size})")
+        self._sampling_generator = torch.Generator(device=self._device).manual_seed(seed)
+        self._policy_version = policy_version
+        self._stats = GeneratorStats()
+
+        self._model_lock = threading.Lock()  # held for a whole batch, and by weight / version changes
+        self._state = threading.Condition()  # guards the fields below
+        self._queue: deque[tuple[GenerationRequest, Future[GenerationResult]]] = deque()
+        self._paused = False
+        self._busy = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="hf-generator", daemon=True)
+        self._thread.start()
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights currently loaded."""
+        return self._policy_version
+
+    def stats(self) -> GeneratorStats:
+        """A snapshot of the counters (batch sizes show whether concurrent callers share batches)."""
+        with self._state:
+            return self._stats
+
+    def submit(self, request: GenerationRequest) -> "Future[GenerationResult]":
+        """Queue one request; the future carries its result, a validation error or GeneratorClosedError."""
+        return self.submit_many([request])[0]
+
+    def submit_many(self, requests: Sequence[GenerationRequest]) -> "list[Future[GenerationResult]]":
+        """Queue several requests in one step, so the serving thread cannot start a batch between them."""
+        futures: list[Future[GenerationResult]] = []
+        accepted: list[tuple[GenerationRequest, Future[GenerationResult]]] = []
+        for request in requests:
+            futures.append(Future())
+            if problem := self._find_problem(request):
+                futures[-1].set_exception(ValueError(problem))
+            else:
+                accepted.append((request, futures[-1]))
+        with self._state:
+            if self._closed:
+                for _, future in accepted:
+                    future.set_exception(GeneratorClosedError("HFGenerator is closed; no new requests are served"))
+                return futures
+            self._queue.extend(accepted)
+            self._state.notify_all()
+        return futures
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Queue all requests together (they share batches) and wait; results are in request order."""
+        return [future.result() for future in self.submit_many(requests)]
+
+    def pause(self) -> None:
+        """Start no new batch and return once the current one (if any) has finished; the queue is kept."""
+        with self._state:
+            self._paused = True
+            self._state.wait_for(lambda: not self._busy)
+
+    def resume(self) -> None:
+        """Serve the queue again after pause()."""
+        with self._state:
+            self._paused = False
+            self._state.notify_all()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy a full set of parameters in by name and set the version, between batches (waits for a running one).
+
+        Everything is checked before anything is copied (see `check_named_tensors`), so a rejected update
+        leaves the old weights and version in place. Values are cast to each parameter's dtype and device.
+        Safe at any time (it takes the batch lock); the weight sync calls pause(), load_weights(), resume() so
+        that no batch starts on old weights while the new ones are in transit.
+        """
+        received = list(named_tensors)
+        with self._model_lock:
+            check_named_tensors(self._model, received)
+            parameters = dict(self._model.named_parameters(remove_duplicate=False))
+            with torch.no_grad():
+                for name, tensor in received:
+                    parameters[name].copy_(tensor)
+            self._policy_version = version
+
+    def set_policy_version(self, version: int) -> None:
+        """Set the version without copying (colocated: the trainer updated the shared model in place)."""
+        with self._model_lock:
+            self._policy_version = version
+
+    def close(self) -> None:
+        """Fail queued requests with GeneratorClosedError, let a running batch finish, stop the thread."""
+        with self._state:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._state.notify_all()
+        for _, future in pending:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(GeneratorClosedError("HFGenerator was closed before this request ran"))
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _find_problem(self, request: GenerationRequest) -> str | None:
+        prompt = request.prompt_token_ids
+        if not prompt:
+            return "the prompt is empty: a request needs at least one prompt token"
+        if len(prompt) >= self._max_context_length:
+            return (
+                f"the prompt has {len(prompt)} tokens, which leaves no room to generate under "
+                f"max_context_length={self._max_context_length}"
+            )
+        if bad := [token for token in prompt if not 0 <= token < self._vocab_size]:
+            return f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self._vocab_size})"
+        return None
+
+    def _serve(self) -> None:
+        try:
+            self._serve_until_closed()
+        except BaseException as error:
+            # Only a bug in the loop itself gets here (batch errors are handled per batch). Close the engine so
+            # that no caller waits on a thread that is gone.
+            with self._state:
+                self._closed = True
+                pending = list(self._queue)
+                self._queue.clear()
+            for _, future in pending:
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(GeneratorClosedError(f"the HFGenerator serving thread died: {error!r}"))
+            raise
+
+    def _serve_until_closed(self) -> None:
+        while True:
+            with self._state:
+                self._state.wait_for(lambda: self._closed or (not self._paused and bool(self._queue)))
+                if self._closed:
+                    return
+                batch = []
+                while self._queue and len(batch) < self._max_batch_size:
+                    request, future = self._queue.popleft()
+                    if future.set_running_or_notify_cancel():  # False: the caller cancelled it while queued
+                        batch.append((request, future))
+                self._busy = True
+            try:
+                if batch:
+                    self._run_batch(batch)
+            finally:
+                with self._state:
+                    self._busy = False
+                    self._state.notify_all()
+
+    def _run_batch(self, batch: list[tuple[GenerationRequest, "Future[GenerationResult]"]]) -> None:
+        start = time.perf_counter()
+        try:
+            with self._model_lock, _eval_mode(self._model), torch.inference_mode():
+                version = self._policy_version
+                decoded = decode_batch(
+                    self._model,
+                    [request for request, _ in batch],
+                    eos_token_ids=self._eos_token_ids,
+                    pad_token_id=self._pad_token_id,
+                    max_context_length=self._max_context_length,
+                    device=self._device,
+                    generator=self._sampling_generator,
+                )
+        except BaseException as error:  # fault isolation is the point: the batch fails, the engine keeps serving
+            with self._state:
+                self._stats = replace(self._stats, num_failed_batches=self._stats.num_failed_batches + 1)
+            for _, future in batch:
+                future.set_exception(error)
+            if not isinstance(error, Exception):
+                raise  # SystemExit and the like end the serving thread (see _serve)
+            return
+        # Counters first, so a caller woken by its result already sees its batch counted.
+        with self._state:
+            stats = self._stats
+            self._stats = replace(
+                stats,
+                num_batches=stats.num_batches + 1,
+                num_requests=stats.num_requests + len(batch),
+                num_generated_tokens=stats.num_generated_tokens + sum(len(s.token_ids) for s in decoded),
+                largest_batch_size=max(stats.largest_batch_size, len(batch)),
+                decode_seconds=stats.decode_seconds + time.perf_counter() - start,
+            )
+        for (_, future), sequence in zip(batch, decoded, strict=True):
+            # Weights only change between batches, so the first and the last token share the version.
+            future.set_result(
+                GenerationResult(
+                    token_ids=tuple(sequence.token_ids),
+                    logprobs=tuple(sequence.logprobs),
+                    finish_reason=sequence.finish_reason,
+                    policy_version=version,
+                    last_policy_version=version,
+                )
+            )

@@ -1,0 +1,150 @@
+"""Single-turn rollouts: chat-render each dataset row, sample G answers per prompt, score them, build Trajectories.
+
+Called by the sync batch source and the async collector (one call per prompt group or per step).
+
+    rows --chat template--> prompt ids --Generator (G x rows requests at once)--> results --reward_fn--> Trajectories
+"""
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, cast, get_args
+
+from transformers import PreTrainedTokenizerBase
+
+from asyncppo.generation.protocol import GenerationRequest, GenerationResult, Generator, SamplingParams
+from asyncppo.rollout.rewards import RewardFunction
+from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
+
+ROLES: tuple[str, ...] = get_args(Role)
+
+
+def prompt_messages(
+    row: Mapping[str, Any], row_index: int, *, system_prompt: str | None, prompt_key: str, messages_key: str
+) -> list[dict[str, Any]]:
+    """The row's `messages_key` list as is, else [system_prompt (if any), user: row[prompt_key]]."""
+    if messages_key in row:
+        messages = row[messages_key]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"row {row_index}: {messages_key!r} must be a non-empty list of messages")
+        return cast(list[dict[str, Any]], messages)
+    if prompt_key not in row:
+        raise ValueError(f"row {row_index} has neither {messages_key!r} nor {prompt_key!r}; its keys are {sorted(row)}")
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*system, {"role": "user", "content": str(row[prompt_key])}]
+
+
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], add_generation_prompt: bool
+) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    assert isinstance(text, str), "tokenize=False renders text"
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # pyright: ignore[reportArgumentType]
+
+
+def render_prompt(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]
+) -> tuple[list[int], list[MessageSpan]]:
+    """Prompt token ids (chat template, add_generation_prompt=True) and one span per message covering them.
+
+    Spans come from rendering the prefixes messages[:1], messages[:2], ... and taking the growth in tokens;
+    the generation prompt (e.g. `<|im_start|>assistant\\n`) joins the last message's span, so an assistant
+    span holds exactly the generated tokens. When a rendered prefix is not a token prefix of the next
+    rendering (templates that rewrite earlier turns, BPE merges across a boundary) or a role is not a
+    Trajectory role, the whole prompt becomes a single `user` span instead.
+    """
+    prompt_ids = _render(tokenizer, messages, add_generation_prompt=True)
+    spans: list[MessageSpan] = []
+    previous: list[int] = []
+    for count, message in enumerate(messages, start=1):
+        rendered = prompt_ids if count == len(messages) else _render(tokenizer, messages[:count], False)
+        role = message.get("role")
+        if rendered[: len(previous)] != previous or role not in ROLES:
+            return prompt_ids, [MessageSpan("user", len(prompt_ids))]
+        spans.append(MessageSpan(cast(Role, role), len(rendered) - len(previous)))
+        previous = rendered
+    return prompt_ids, spans
+
+
+def run_single_turn_rollouts(
+    generator: Generator,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    num_generations_per_prompt: int,
+    sampling: SamplingParams,
+    reward_fn: RewardFunction,
+    group_id_start: int,
+    system_prompt: str | None,
+    prompt_key: str,
+    messages_key: str,
+    max_prompt_tokens: int,
+) -> list[Trajectory]:
+    """G = num_generations_per_prompt Trajectories per row, row-major: row i's sample j is at i * G + j.
+
+    Row i gets group_id = group_id_start + i. Every prompt is rendered and length-checked before anything is
+    submitted; then all requests go to the generator in one `generate` call so they can share batches. The
+    reward is reward_fn(response text decoded without special tokens, row); task = the row minus the
+    prompt/messages field.
+    """
+    if num_generations_per_prompt < 1:
+        raise ValueError(f"num_generations_per_prompt must be >= 1, got {num_generations_per_prompt}")
+    rendered = []
+    for index, row in enumerate(rows):
+        messages = prompt_messages(
+            row, index, system_prompt=system_prompt, prompt_key=prompt_key, messages_key=messages_key
+        )
+        prompt_ids, spans = render_prompt(tokenizer, messages)
+        if len(prompt_ids) > max_prompt_tokens:
+            raise ValueError(
+                f"row {index}: the prompt has {len(prompt_ids)} tokens, over max_prompt_tokens={max_prompt_tokens}"
+            )
+        rendered.append((prompt_ids, spans))
+
+    # One generate call queues every request together, so the engine can decode them in shared batches.
+    results = generator.generate(
+        [
+            GenerationRequest(tuple(prompt_ids), sampling)
+            for prompt_ids, _ in rendered
+            for _ in range(num_generations_per_prompt)
+        ]
+    )
+
+    trajectories = []
+    for index, (row, (prompt_ids, spans)) in enumerate(zip(rows, rendered, strict=True)):
+        task = {key: value for key, value in row.items() if key not in (prompt_key, messages_key)}
+        for sample_index in range(num_generations_per_prompt):
+            result = results[index * num_generations_per_prompt + sample_index]
+            response_text = tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
+            assert isinstance(response_text, str), "decoding one sequence gives one string"
+            reward = float(reward_fn(response_text, row))
+            if not math.isfinite(reward):
+                raise ValueError(f"row {index}: the reward function returned {reward}, not a finite number")
+            group_id = group_id_start + index
+            trajectories.append(_trajectory(prompt_ids, spans, result, reward, task, group_id, sample_index))
+    return trajectories
+
+
+def _trajectory(
+    prompt_ids: list[int],
+    spans: list[MessageSpan],
+    result: GenerationResult,
+    reward: float,
+    task: dict[str, Any],
+    group_id: int,
+    sample_index: int,
+) -> Trajectory:
+    num_generated = len(result.token_ids)
+    return Trajectory(
+        token_ids=prompt_ids + list(result.token_ids),
+        loss_mask=[0] * len(prompt_ids) + [1] * num_generated,
+        generation_logprobs=[0.0] * len(prompt_ids) + list(result.logprobs),
+        prompt_length=len(prompt_ids),
+        message_log=[*spans, MessageSpan("assistant", num_generated)],
+        reward=reward,
+        group_id=group_id,
+        sample_index=sample_index,
+        policy_version=result.policy_version,
+        last_policy_version=result.last_policy_version,
+        truncated=result.finish_reason == "length",
+        task=task,
+    )
