@@ -1,0 +1,288 @@
+"""The one PPO training step, shared by sync and async runs: batch in, updated models and metrics out.
+
+    batch --reward processing--> --critic values--> --old (+ reference) logprobs--> --mismatch masking-->
+          --advantages--> critic passes (critic_ppo_epochs) and policy passes (ppo_epochs, from step W on)
+
+Called by the driver (`cli/train.py`) once per step. It talks to the models only through the two small
+protocols below, so it runs the same on Ray worker groups and on in-process workers (tests).
+"""
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import torch
+
+from asyncppo.algorithms.advantages import AdvantageSettings, compute_advantages
+from asyncppo.algorithms.critic_metrics import critic_diagnostics
+from asyncppo.algorithms.kl import KLType
+from asyncppo.algorithms.mismatch import mask_sequences_by_logprob_error, token_mismatch_metrics
+from asyncppo.algorithms.residual import homogeneous_group_sample_mask
+from asyncppo.algorithms.reward_processing import overlong_filter_mask, scale_rewards, shape_overlong_rewards
+from asyncppo.algorithms.turns import TurnSpans, build_turn_spans, validate_turn_spans
+from asyncppo.rollout.batch import TrainBatch
+
+
+class PolicyModel(Protocol):
+    """The policy side of a step (a Ray worker group or an in-process PolicyWorker)."""
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor: ...
+
+    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor: ...
+
+    def train(self, batch: TrainBatch) -> dict[str, float]: ...
+
+
+class ValueModel(Protocol):
+    """The critic side of a step."""
+
+    def values(self, batch: TrainBatch) -> torch.Tensor: ...
+
+    def train(
+        self,
+        batch: TrainBatch,
+        offsets: tuple[torch.Tensor, torch.Tensor] | None = None,
+        eval_only: bool = False,
+    ) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class RewardScaling:
+    """reward_scaling.* as plain values."""
+
+    source_min: float
+    source_max: float
+    target_min: float
+    target_max: float
+
+
+@dataclass(frozen=True)
+class RewardShaping:
+    """reward_shaping.* as plain values."""
+
+    max_response_length: int | None
+    overlong_buffer_length: int | None
+    overlong_buffer_penalty: float
+    stop_properly_penalty_coef: float | None
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """Everything the step needs from the config, as plain values (built by cli/builders.py)."""
+
+    advantage: AdvantageSettings
+    ppo_epochs: int
+    critic_ppo_epochs: int
+    policy_training_start_step: int
+    log_post_update_critic_metrics: bool
+    homogeneous_group_weight: float
+    seq_logprob_error_threshold: float | None
+    overlong_filtering: bool
+    need_reference_logprobs: bool
+    mismatch_kl_type: KLType
+    reward_scaling: RewardScaling | None = None
+    reward_shaping: RewardShaping | None = None
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """The batch with every field the step filled, the step's metrics, and whether the policy changed."""
+
+    batch: TrainBatch
+    metrics: dict[str, float]
+    policy_trained: bool
+
+
+def _response_lengths(batch: TrainBatch) -> torch.Tensor:
+    return batch.token_mask.sum(dim=1)
+
+
+def process_rewards(settings: StepSettings, batch: TrainBatch) -> TrainBatch:
+    """Scaling, then overlong shaping, then overlong filtering (seed-system.md 2.9 order)."""
+    rewards = batch.rewards
+    if settings.reward_scaling is not None:
+        scaling = settings.reward_scaling
+        rewards = scale_rewards(
+            rewards, scaling.source_min, scaling.source_max, scaling.target_min, scaling.target_max
+        )
+    if settings.reward_shaping is not None:
+        shaping = settings.reward_shaping
+        rewards = shape_overlong_rewards(
+            rewards,
+            _response_lengths(batch),
+            batch.truncated,
+            max_response_length=shaping.max_response_length,
+            overlong_buffer_length=shaping.overlong_buffer_length,
+            overlong_buffer_penalty=shaping.overlong_buffer_penalty,
+            stop_properly_penalty_coef=shaping.stop_properly_penalty_coef,
+        )
+    sample_mask = batch.sample_mask
+    if settings.overlong_filtering:
+        sample_mask = overlong_filter_mask(sample_mask, batch.truncated)
+    return batch.with_fields(rewards=rewards.float(), sample_mask=sample_mask)
+
+
+def rollout_metrics(batch: TrainBatch) -> dict[str, float]:
+    """train/* statistics of the raw rollouts, before any reward processing."""
+    lengths = _response_lengths(batch)
+    return {
+        "train/reward_mean": batch.rewards.mean().item(),
+        "train/reward_std": batch.rewards.std(correction=0).item(),
+        "train/response_length_mean": lengths.mean().item(),
+        "train/response_length_max": lengths.max().item(),
+        "train/truncated_frac": batch.truncated.float().mean().item(),
+        "train/num_samples": float(len(batch)),
+        "train/sequence_length_mean": batch.attention_mask.sum(dim=1).float().mean().item(),
+    }
+
+
+def turn_spans_of(batch: TrainBatch) -> TurnSpans:
+    """Turn spans of the batch, validated against its token mask (before any model work)."""
+    logs = [[(span.role, span.num_tokens) for span in log] for log in batch.message_logs]
+    spans = build_turn_spans(logs, batch.seq_len)
+    validate_turn_spans(spans, batch.token_mask, batch.sample_mask)
+    return spans
+
+
+T = TypeVar("T")
+
+
+def _timed(timings: dict[str, float], key: str, action: Callable[[], T]) -> T:
+    start = time.perf_counter()
+    result = action()
+    timings[f"timing/{key}"] = timings.get(f"timing/{key}", 0.0) + time.perf_counter() - start
+    return result
+
+
+def average_metrics(passes: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Mean over passes per key (min / max keys take the extreme), so multi-epoch steps report one number."""
+    collected: dict[str, list[float]] = {}
+    for metrics in passes:
+        for key, value in metrics.items():
+            collected.setdefault(key, []).append(value)
+    reduced: dict[str, float] = {}
+    for key, values in collected.items():
+        if key.endswith("_min"):
+            reduced[key] = min(values)
+        elif key.endswith("_max"):
+            reduced[key] = max(values)
+        else:
+            reduced[key] = sum(values) / len(values)
+    return reduced
+
+
+def ppo_step(
+    settings: StepSettings, policy: PolicyModel, value: ValueModel | None, batch: TrainBatch, step: int
+) -> StepOutput:
+    """One PPO step on `batch` at training step `step` (0-based). See the module docstring for the order."""
+    timings: dict[str, float] = {}
+    metrics = rollout_metrics(batch)
+    batch = process_rewards(settings, batch)
+    metrics["train/processed_reward_mean"] = batch.rewards.mean().item()
+    spans = turn_spans_of(batch) if settings.advantage.name == "turn_gae" else None
+
+    values = _timed(timings, "values", lambda: value.values(batch)) if value is not None else None
+    old_logprobs = _timed(timings, "logprobs", lambda: policy.logprobs(batch))
+    reference_logprobs = None
+    if settings.need_reference_logprobs:
+        reference_logprobs = _timed(timings, "reference_logprobs", lambda: policy.reference_logprobs(batch))
+
+    loss_mask = batch.token_mask * batch.sample_mask[:, None]
+    num_valid = float(loss_mask.sum().item())
+    if num_valid > 0:
+        mismatch = token_mismatch_metrics(
+            old_logprobs, batch.generation_logprobs, loss_mask, num_valid, settings.mismatch_kl_type
+        )
+        metrics.update({f"mismatch/{key}": value_ for key, value_ in mismatch.items()})
+    sample_mask, seq_metrics = mask_sequences_by_logprob_error(
+        settings.seq_logprob_error_threshold,
+        old_logprobs=old_logprobs,
+        generation_logprobs=batch.generation_logprobs,
+        token_mask=batch.token_mask,
+        sample_mask=batch.sample_mask,
+        rewards=batch.rewards,
+    )
+    metrics.update({f"mismatch/{key}": value_ for key, value_ in seq_metrics.items()})
+
+    result = compute_advantages(
+        settings.advantage,
+        rewards=batch.rewards,
+        values=values,
+        token_mask=batch.token_mask,
+        sample_mask=sample_mask,
+        group_ids=batch.group_ids,
+        old_logprobs=old_logprobs,
+        reference_logprobs=reference_logprobs,
+        turn_spans=spans,
+    )
+    metrics.update(result.metrics)
+    critic_sample_mask = homogeneous_group_sample_mask(
+        sample_mask, result.group_homogeneous, settings.homogeneous_group_weight
+    )
+    batch = batch.with_fields(
+        sample_mask=sample_mask,
+        old_logprobs=old_logprobs,
+        reference_logprobs=reference_logprobs,
+        values=values,
+        advantages=result.advantages,
+        returns=result.returns,
+        critic_mask=result.critic_mask,
+        critic_sample_mask=critic_sample_mask,
+    )
+
+    if value is not None:
+        assert values is not None and result.returns is not None and result.critic_mask is not None
+        metrics.update(
+            critic_diagnostics(
+                values,
+                result.returns,
+                result.critic_mask,
+                sample_mask,
+                result.returns_to_abs,
+                result.returns_to_res,
+                result.group_homogeneous,
+            )
+        )
+        metrics.update(_train_critic(settings, value, batch, (result.returns_to_abs, result.returns_to_res), timings))
+
+    policy_trained = step >= settings.policy_training_start_step
+    if policy_trained:
+        passes = [_timed(timings, "policy_train", lambda: policy.train(batch)) for _ in range(settings.ppo_epochs)]
+        metrics.update(average_metrics(passes))
+    metrics["train/policy_trained"] = float(policy_trained)
+    metrics.update(timings)
+    return StepOutput(batch=batch, metrics=metrics, policy_trained=policy_trained)
+
+
+def _train_critic(
+    settings: StepSettings,
+    value: ValueModel,
+    batch: TrainBatch,
+    offsets: tuple[torch.Tensor, torch.Tensor],
+    timings: dict[str, float],
+) -> dict[str, float]:
+    """critic_ppo_epochs passes over the batch, then the optional post-update re-score.
+
+    All critic passes run before the policy passes: the surplus (critic_ppo_epochs - ppo_epochs) first, then
+    the shared ones; the policy never reads critic outputs after this step's values, so grouping them changes
+    nothing for the policy and saves a model swap per epoch on shared devices.
+    """
+    passes = [
+        _timed(timings, "critic_train", lambda: value.train(batch, offsets=offsets))
+        for _ in range(settings.critic_ppo_epochs)
+    ]
+    # The loss-derived EV comes from a critic that already fit this batch; keep it under its own name so the
+    # pre-update pooled EV stays the headline critic/explained_var.
+    metrics = {
+        key.replace("critic/explained_var", "critic/explained_var_last_pass")
+        if key.startswith("critic/explained_var")
+        else key: value_
+        for key, value_ in average_metrics(passes).items()
+    }
+    if settings.log_post_update_critic_metrics:
+        rescored = value.train(batch, offsets=offsets, eval_only=True)
+        for key in ("critic/explained_var", "critic/loss"):
+            if key in rescored:
+                metrics[f"{key}_post_update"] = rescored[key]
+    return metrics
