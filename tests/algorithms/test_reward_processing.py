@@ -14,7 +14,7 @@ def test_scaling_clamps_then_maps_linearly():
 
 
 def test_scaling_rejects_an_empty_source_range():
-    with pytest.raises(ValueError, match="source_max=1.0 must exceed source_min=1.0"):
+    with pytest.raises(ValueError, match=r"source_max=1\.0 must exceed source_min=1\.0"):
         scale_rewards(torch.zeros(1), 1.0, 1.0, 0.0, 1.0)
 
 

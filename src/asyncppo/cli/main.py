@@ -37,7 +37,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    # Overrides may also follow options (`train run.yaml --run-dir d ppo.ppo_epochs=2`): argparse stops filling a
+    # positional list at the first option, so key=value words left over are appended to the overrides.
+    args, leftover = parser.parse_known_args(argv)
+    stray = [word for word in leftover if word.startswith("-") or "=" not in word or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if leftover:
+        args.overrides = [*args.overrides, *leftover]
     try:
         if args.command == "config":
             from asyncppo.cli.config_commands import run_config_command

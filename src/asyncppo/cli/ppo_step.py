@@ -103,9 +103,7 @@ def process_rewards(settings: StepSettings, batch: TrainBatch) -> TrainBatch:
     rewards = batch.rewards
     if settings.reward_scaling is not None:
         scaling = settings.reward_scaling
-        rewards = scale_rewards(
-            rewards, scaling.source_min, scaling.source_max, scaling.target_min, scaling.target_max
-        )
+        rewards = scale_rewards(rewards, scaling.source_min, scaling.source_max, scaling.target_min, scaling.target_max)
     if settings.reward_shaping is not None:
         shaping = settings.reward_shaping
         rewards = shape_overlong_rewards(

@@ -1,26 +1,101 @@
-"""`asyncppo train CONFIG [key=value ...] [--run-dir DIR]`: prepare the run directory and train.
+"""`asyncppo train CONFIG [key=value ...] [--run-dir DIR]`: the driver loop.
 
-Until the sync PPO loop lands (issue #4) this validates the config, builds or finds the models and
-writes the resolved config into the run directory, then says plainly that training is not there yet.
+    build_run -> restore -> [validate] -> for each step: batch = source.next_batch(step)
+                                                         ppo_step(batch) -> publish weights (version step+1)
+                                                         validate every val_period -> log -> checkpoint
+One loop for sync and async PPO: they differ only in the batch source (pipeline/sources.py).
 """
 
 import argparse
+import time
 from pathlib import Path
 
-from asyncppo.cli.builders import resolve_model_path
-from asyncppo.config import dump_config, load_config
+from asyncppo.algorithms.mismatch import mismatch_plot_data
+from asyncppo.cli.ppo_step import StepOutput, ppo_step
+from asyncppo.cli.run import Run, build_run
+from asyncppo.config import load_config
+from asyncppo.rollout.batch import collate_trajectories
 
 
 def run_train_command(args: argparse.Namespace) -> int:
-    """Validate, prepare the run directory, and report what is ready."""
+    """Train with the given config; the run directory gets config, metrics, checkpoints, plots, TensorBoard."""
     config = load_config(args.config, args.overrides)
     run_dir = Path(args.run_dir or config.logger.log_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(config))
-    policy_path = resolve_model_path(config.model.model_name)
-    print(f"config: valid, resolved config written to {run_dir / 'config.yaml'}")
-    print(f"policy model: {policy_path}")
-    if config.ppo.adv_estimator.uses_critic:
-        print(f"value model: initialised from {resolve_model_path(config.value_model_name, 'value.model_name')}")
-    print("training: not implemented yet; the sync PPO loop lands with issue #4. Nothing was trained.")
+    run = build_run(config, run_dir)
+    try:
+        train(run)
+    finally:
+        run.close()
+    print(f"run directory: {run_dir}", flush=True)
     return 0
+
+
+def train(run: Run) -> None:
+    """The loop: steps from the restored step to ppo.max_num_steps, validating and saving on schedule."""
+    ppo = run.config.ppo
+    start = run.restore()
+    run.publish_policy(version=start, trained=True)  # generators start from the trainer's exact weights
+    policy_has_trained = start > ppo.policy_training_start_step
+    if ppo.val_at_start and start == 0:
+        run.metrics.log(0, run.validate(0))
+    for step in range(start, ppo.max_num_steps):
+        started = time.perf_counter()
+        run.start_generation(step)
+        step_batch = run.source.next_batch(step)
+        generated = time.perf_counter()
+        batch = collate_trajectories(step_batch.trajectories, run.pad_token_id)
+        output = ppo_step(run.step_settings, run.policy, run.value, batch, step)
+        policy_has_trained = policy_has_trained or output.policy_trained
+        metrics = {**step_batch.metrics, **output.metrics}
+        metrics.update(run.publish_policy(version=step + 1, trained=output.policy_trained))
+        completed = step + 1
+        if _due(ppo.val_period, completed) or (ppo.val_at_end and completed == ppo.max_num_steps):
+            validation_started = time.perf_counter()
+            metrics.update(run.validate(completed))
+            metrics["timing/validation"] = time.perf_counter() - validation_started
+        _plot_mismatch(run, output, completed, metrics)
+        if ppo.log_rollout_dump and ppo.rollout_dump_period and completed % ppo.rollout_dump_period == 0:
+            _dump_rollouts(run, output, completed, metrics)
+        metrics["timing/generation"] = generated - started
+        metrics["timing/step"] = time.perf_counter() - started
+        run.metrics.log(completed, metrics)
+        if run.config.checkpointing.enabled and (
+            _due(run.config.checkpointing.save_period, completed) or completed == ppo.max_num_steps
+        ):
+            run.save(completed, metrics, policy_has_trained)
+
+
+def _due(period: int, completed: int) -> bool:
+    return period > 0 and completed % period == 0
+
+
+def _plot_mismatch(run: Run, output: StepOutput, step: int, metrics: dict[str, float]) -> None:
+    """Save the worst sequence's logprob curves when the step's token_mult_prob_error passes the threshold."""
+    error = metrics.get("mismatch/token_mult_prob_error")
+    batch = output.batch
+    if error is None or error <= run.config.logger.mismatch_plot_threshold or batch.old_logprobs is None:
+        return
+    data = mismatch_plot_data(batch.old_logprobs, batch.generation_logprobs, batch.token_mask)
+    if data is None:
+        return
+    from asyncppo.metrics.plots import save_mismatch_plot
+
+    path = save_mismatch_plot(data, run.run_dir / "plots" / f"mismatch_step_{step}.png", step)
+    run.metrics.log_image(step, "mismatch/token_mult_prob_error_plot", path)
+
+
+def _dump_rollouts(run: Run, output: StepOutput, step: int, metrics: dict[str, float]) -> None:
+    """Per-token values, advantages and logprobs of the step (seed-system.md 4.5), for offline analysis."""
+    from asyncppo.metrics.rollout_dump import write_rollout_dump
+
+    turn_mode = run.config.ppo.adv_estimator.name == "turn_gae"
+    write_rollout_dump(
+        run.run_dir / "rollout_dumps" / f"step_{step}.pt",
+        step,
+        output.batch,
+        num_generations_per_prompt=run.config.ppo.num_generations_per_prompt,
+        credit_level="turn" if turn_mode else "token",
+        adv_raw_mean=metrics.get("adv_raw/mean", 0.0),
+        adv_raw_std=metrics.get("adv_raw/std", 0.0),
+        anchor_mask=output.batch.critic_mask if turn_mode else None,
+    )

@@ -80,3 +80,6 @@ class ValueModelConfig(TrainedModelConfig):
 
     model_name: str | None = None
     """Causal LM directory (fresh zero head) or a saved value model; null = the policy's model_name."""
+    warm_start_path: str | None = None
+    """A saved value model (e.g. a `value/` checkpoint directory) whose weights start a fresh run, with a fresh
+    optimizer and schedule; ignored when resuming from a checkpoint."""

@@ -23,11 +23,10 @@ class DataConfig(Section):
     system_prompt: str | None = None
     """System message prepended to plain-text prompts."""
     max_input_seq_length: PositiveInt | None = None
-    """Prompts longer than this many tokens are rejected at load time; null = no limit."""
+    """A rendered prompt longer than this many tokens is an error naming the row; null = the room left by
+    model.max_total_sequence_length - generation.max_new_tokens."""
     shuffle: bool = True
     """Shuffle training rows each epoch (seeded by ppo.seed)."""
-    num_workers: NonNegativeInt = 0
-    """Data loader worker processes."""
 
 
 class ColocationConfig(Section):
@@ -71,8 +70,6 @@ class GenerationConfig(Section):
     """Strings that end a generation."""
     max_batch_size: PositiveInt = 64
     """Most requests decoded together by the batching loop."""
-    compile: bool = False
-    """CUDA only: static KV cache + torch.compile for decoding."""
     num_workers: PositiveInt = 1
     """Generator workers when not colocated."""
     colocated: ColocationConfig = ColocationConfig()

@@ -200,6 +200,12 @@ class HFGenerator:
         with self._model_lock:
             self._policy_version = version
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling generator from `seed` (between batches), e.g. once per training step so a resumed
+        run draws the same samples as an uninterrupted one without saving generator state."""
+        with self._model_lock:
+            self._sampling_generator.manual_seed(seed)
+
     def close(self) -> None:
         """Fail queued requests with GeneratorClosedError, let a running batch finish, stop the thread."""
         with self._state:

@@ -67,6 +67,12 @@ class GenerationResult:
     """Weights version that produced the last generated token."""
 
 
+class SupportsGenerate(Protocol):
+    """The one call a rollout needs: a batch of requests in, results in request order out."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
+
+
 class Generator(Protocol):
     """A generation engine with its own batching, pausing and versioned weights."""
 

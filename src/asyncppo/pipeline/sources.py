@@ -6,7 +6,7 @@
 The driver only knows `BatchSource`; sync and async PPO differ in which source it is handed.
 """
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ class PromptBatches(Protocol):
 
     def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class BatchSource(Protocol):
@@ -47,7 +47,7 @@ class BatchSource(Protocol):
         """Everything needed to resume without losing or repeating a prompt."""
         ...
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from state_dict()."""
         ...
 
@@ -79,7 +79,7 @@ class SyncBatchSource:
     def state_dict(self) -> dict[str, Any]:
         return {"prompts": self._prompts.state_dict(), "next_group_id": self._next_group_id}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._prompts.load_state_dict(state["prompts"])
         self._next_group_id = int(state["next_group_id"])
         self._iterator = None

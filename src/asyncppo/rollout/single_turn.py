@@ -11,7 +11,7 @@ from typing import Any, cast, get_args
 
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.generation.protocol import GenerationRequest, GenerationResult, Generator, SamplingParams
+from asyncppo.generation.protocol import GenerationRequest, GenerationResult, SamplingParams, SupportsGenerate
 from asyncppo.rollout.rewards import RewardFunction
 from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
 
@@ -66,7 +66,7 @@ def render_prompt(
 
 
 def run_single_turn_rollouts(
-    generator: Generator,
+    generator: SupportsGenerate,
     tokenizer: PreTrainedTokenizerBase,
     rows: Sequence[Mapping[str, Any]],
     *,

@@ -1,0 +1,350 @@
+"""A training run's components, built from the config: Ray worker groups, weight sync, data, sinks, checkpoints.
+
+    build_run(config, run_dir) -> Run: policy / value / generation groups, WeightSync (non-colocated),
+                                       BatchSource, validation rows, MetricsLogger, CheckpointManager
+The driver (`cli/train.py`) calls its methods in order; `close()` ends every process the run started.
+"""
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncppo.checkpoint import (
+    CheckpointManager,
+    RunState,
+    is_warm_start,
+    load_run_state,
+    load_state,
+    mark_warm_start,
+    restore_rng_state,
+    save_rng_state,
+    save_run_state,
+    save_state,
+)
+from asyncppo.cli import builders
+from asyncppo.cli.ppo_step import StepSettings
+from asyncppo.config import RunConfig, dump_config
+from asyncppo.data.prompt_stream import PromptStream
+from asyncppo.data.rows import load_rows, split_rows
+from asyncppo.distributed.process_group import SyncGroupSpec, free_port
+from asyncppo.generation.protocol import SamplingParams
+from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBoardSink
+from asyncppo.models.tokenizer import load_tokenizer
+from asyncppo.pipeline.sources import BatchSource, SyncBatchSource
+from asyncppo.rollout.rewards import load_reward_function
+from asyncppo.rollout.single_turn import run_single_turn_rollouts
+from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.workers.ray_host import HostOptions, WorkerGroup, init_local_ray
+from asyncppo.workers.remote import RemoteGenerator, RemotePolicy, RemoteValue, WeightSync
+
+log = logging.getLogger(__name__)
+WORKER_CALL_TIMEOUT_S = 3600.0
+POLICY_DIR, VALUE_DIR, SOURCE_STATE_FILE, RNG_STATE_FILE, CONFIG_FILE = (
+    "policy",
+    "value",
+    "batch_source.pt",
+    "rng.pt",
+    "config.yaml",
+)
+
+
+@dataclass
+class Run:
+    """Everything the driver loop uses. Built by `build_run`; `close()` releases it."""
+
+    config: RunConfig
+    run_dir: Path
+    step_settings: StepSettings
+    policy: RemotePolicy
+    value: RemoteValue | None
+    generator: RemoteGenerator
+    weight_sync: WeightSync | None
+    source: BatchSource
+    validation_rows: list[dict[str, Any]]
+    rollout: Any
+    validation_sampling: SamplingParams
+    metrics: MetricsLogger
+    checkpoints: CheckpointManager | None
+    pad_token_id: int
+    groups: list[WorkerGroup] = field(default_factory=list[WorkerGroup])
+
+    def start_generation(self, step: int, seed_offset: int = 0) -> None:
+        """Per-step sampling seed: a resumed run draws exactly what an uninterrupted one would."""
+        self.generator.reseed(self.config.ppo.seed + 7919 * step + seed_offset)
+
+    def publish_policy(self, version: int, trained: bool) -> dict[str, float]:
+        """Make generation use the policy of `version`: a push (non-colocated) or just the version (colocated)."""
+        if self.weight_sync is not None and trained:
+            report = self.weight_sync.push(version)
+            return {"timing/weight_sync": report.seconds, "weight_sync/bytes": float(report.num_bytes)}
+        self.generator.set_policy_version(version)
+        return {}
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Mean reward of one generation per validation prompt, with the validation sampling profile."""
+        rows = self.validation_rows
+        if self.config.ppo.max_val_samples is not None:
+            rows = rows[: self.config.ppo.max_val_samples]
+        if not rows:
+            return {}
+        self.start_generation(step, seed_offset=104729)
+        trajectories: list[Trajectory] = self.rollout(rows, 0, sampling=self.validation_sampling, generations=1)
+        rewards = [t.reward for t in trajectories]
+        lengths = [t.num_generated_tokens for t in trajectories]
+        return {
+            "val/reward_mean": sum(rewards) / len(rewards),
+            "val/response_length_mean": sum(lengths) / len(lengths),
+            "val/num_samples": float(len(rows)),
+        }
+
+    def restore(self) -> int:
+        """Resume from the newest complete checkpoint; returns the step to start from (0 for a fresh run)."""
+        latest = self.checkpoints.latest() if self.checkpoints is not None else None
+        if latest is None:
+            self._warm_start_critic()
+            return 0
+        state = load_run_state(latest)
+        if (latest / POLICY_DIR).is_dir():
+            self.policy.group.call_all("load", str(latest / POLICY_DIR))
+        else:
+            log.warning(
+                "checkpoint %s has no policy (still in critic warm-up): the policy starts from its base", latest
+            )
+        if self.value is not None:
+            warm = is_warm_start(latest)
+            self.value.group.call_all("load", str(latest / VALUE_DIR), load_optimizer=not warm)
+        self.source.load_state_dict(load_state(latest / SOURCE_STATE_FILE))
+        restore_rng_state(load_state(latest / RNG_STATE_FILE))
+        print(f"resumed from {latest} (step {state.step})", flush=True)
+        return state.step
+
+    def _warm_start_critic(self) -> None:
+        assert self.config.value is not None or self.value is None
+        path = self.config.value.warm_start_path if self.config.value is not None else None
+        if path is not None and self.value is not None:
+            self.value.group.call_all("warm_start", path)
+            print(f"critic warm-started from {path} (weights only, fresh optimizer)", flush=True)
+
+    def save(self, step: int, metrics: dict[str, float], policy_has_trained: bool) -> Path | None:
+        """Write checkpoint `step_<step>` (the state after `step` completed steps)."""
+        if self.checkpoints is None:
+            return None
+        directory = self.checkpoints.begin(step)
+        if policy_has_trained:
+            self.policy.group.call(0, "save", str(directory / POLICY_DIR))
+        if self.value is not None:
+            self.value.group.call(0, "save", str(directory / VALUE_DIR))
+            if self.config.value is not None and self.config.value.warm_start_path and step <= 1:
+                mark_warm_start(directory, self.config.value.warm_start_path)
+        save_state(directory / SOURCE_STATE_FILE, self.source.state_dict())
+        save_state(directory / RNG_STATE_FILE, save_rng_state())
+        save_run_state(
+            directory, RunState(step=step, epoch=0, num_consumed_prompts=step * self.config.ppo.num_prompts_per_step)
+        )
+        (directory / CONFIG_FILE).write_text(dump_config(self.config))
+        ranking = {key.replace("/", ":", 1): value for key, value in metrics.items() if math.isfinite(value)}
+        return self.checkpoints.finalize(step, {**metrics, **ranking})
+
+    def close(self) -> None:
+        """Close the sinks and end every worker process this run started."""
+        try:
+            self.source.close()
+            self.metrics.close()
+        finally:
+            for group in self.groups:
+                group.kill()
+
+
+def _rollout_fn(config: RunConfig, generator: RemoteGenerator, tokenizer: Any, train_sampling: SamplingParams):
+    reward_fn = load_reward_function(config.env.reward_function)
+    max_prompt_tokens = config.data.max_input_seq_length or (
+        config.model.max_total_sequence_length - config.generation.max_new_tokens
+    )
+
+    def rollout(
+        rows: Sequence[dict[str, Any]],
+        group_id_start: int,
+        sampling: SamplingParams = train_sampling,
+        generations: int = 0,
+    ) -> list[Trajectory]:
+        return run_single_turn_rollouts(
+            generator,
+            tokenizer,
+            rows,
+            num_generations_per_prompt=generations or config.ppo.num_generations_per_prompt,
+            sampling=sampling,
+            reward_fn=reward_fn,
+            group_id_start=group_id_start,
+            system_prompt=config.data.system_prompt,
+            prompt_key="prompt",
+            messages_key="messages",
+            max_prompt_tokens=max_prompt_tokens,
+        )
+
+    return rollout
+
+
+def _data(config: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    data = config.data
+    rows = load_rows(data.train_path, prompt_key=data.prompt_key, messages_key=data.messages_key)
+    if data.validation_path is not None:
+        validation = load_rows(data.validation_path, prompt_key=data.prompt_key, messages_key=data.messages_key)
+        return rows, validation
+    return split_rows(rows, data.validation_fraction, config.ppo.seed)
+
+
+def _token_id(value: object, name: str, tokenizer_path: Path) -> int:
+    if not isinstance(value, int):
+        raise ValueError(f"the tokenizer at {tokenizer_path} has {name}={value!r}; generation needs one token id")
+    return value
+
+
+def _host_options(device: str, num_gpus: float, max_concurrency: int = 1) -> HostOptions:
+    # On CPU every host gets one torch thread: in the sync loop only one host computes at a time, and on a
+    # shared 2-core machine a second OpenMP thread spin-waits far more than it helps (measured ~10x slower).
+    return HostOptions(
+        num_cpus=0, num_gpus=num_gpus, max_concurrency=max_concurrency, torch_threads=1 if device == "cpu" else None
+    )
+
+
+def build_run(config: RunConfig, run_dir: Path) -> Run:
+    """Start Ray and every worker, connect weight sync, and open data, sinks and checkpoints."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_FILE).write_text(dump_config(config))
+    paths = builders.model_paths(config)
+    device = builders.resolve_device(config)
+    tokenizer = load_tokenizer(paths.tokenizer)
+    eos_id = _token_id(tokenizer.eos_token_id, "eos_token_id", paths.tokenizer)
+    stop_ids: list[int] = list(config.generation.stop_token_ids or [])
+    eos: tuple[int, ...] = tuple(sorted({eos_id, *stop_ids}))
+    pad = (
+        eos_id if tokenizer.pad_token_id is None else _token_id(tokenizer.pad_token_id, "pad_token_id", paths.tokenizer)
+    )
+    engine = builders.engine_settings(config, eos, pad)
+    colocated = config.generation.colocated.enabled
+    init_local_ray(num_cpus=config.cluster.num_cpus, address=config.cluster.ray_address)
+
+    groups: list[WorkerGroup] = []
+    gpu = device == "cuda"
+    try:
+        policy_group = WorkerGroup.start(
+            "policy",
+            [builders.policy_factory(config, paths, device, engine if colocated else None)],
+            _host_options(device, 0.5 if gpu else 0, max_concurrency=4),
+            WORKER_CALL_TIMEOUT_S,
+        )
+        groups.append(policy_group)
+        value = None
+        if config.value is not None:
+            value_group = WorkerGroup.start(
+                "value",
+                [builders.value_factory(config, paths, device)],
+                _host_options(device, 0.5 if gpu else 0),
+                WORKER_CALL_TIMEOUT_S,
+            )
+            groups.append(value_group)
+            value = RemoteValue(value_group)
+        weight_sync = None
+        if colocated:
+            generation_group = policy_group
+        else:
+            generation_group = WorkerGroup.start(
+                "generator",
+                [
+                    builders.generator_factory(config, paths, device, engine, rank)
+                    for rank in range(config.generation.num_workers)
+                ],
+                _host_options(device, 1 if gpu else 0, max_concurrency=8),
+                WORKER_CALL_TIMEOUT_S,
+            )
+            groups.append(generation_group)
+            sync = config.generation.weight_sync
+            spec = SyncGroupSpec(
+                host="127.0.0.1",
+                port=free_port(),
+                world_size=1 + len(generation_group),
+                backend="nccl" if gpu else "gloo",
+                timeout_s=sync.timeout_s,
+            )
+            weight_sync = WeightSync(policy_group, generation_group, spec, builders.sync_settings(config))
+    except BaseException:
+        for group in groups:
+            group.kill()
+        raise
+
+    generator = RemoteGenerator(generation_group)
+    train_rows, validation_rows = _data(config)
+    stream = PromptStream(
+        train_rows,
+        batch_size=config.ppo.num_prompts_per_step,
+        seed=config.ppo.seed,
+        shuffle=config.data.shuffle,
+        max_epochs=config.ppo.max_num_epochs,
+    )
+    rollout = _rollout_fn(config, generator, tokenizer, builders.train_sampling(config, eos))
+    checkpoints = None
+    if config.checkpointing.enabled:
+        checkpoint_dir = Path(config.checkpointing.checkpoint_dir or run_dir / "checkpoints")
+        checkpoints = CheckpointManager(
+            checkpoint_dir,
+            config.checkpointing.keep_top_k,
+            config.checkpointing.metric_name,
+            config.checkpointing.higher_is_better,
+        )
+    latest = checkpoints.latest() if checkpoints is not None else None
+    resume_step = load_run_state(latest).step if latest is not None else 0
+    return Run(
+        config=config,
+        run_dir=run_dir,
+        step_settings=builders.step_settings(config),
+        policy=RemotePolicy(policy_group),
+        value=value,
+        generator=generator,
+        weight_sync=weight_sync,
+        source=SyncBatchSource(stream, rollout),
+        validation_rows=validation_rows,
+        rollout=rollout,
+        validation_sampling=builders.validation_sampling(config, eos),
+        metrics=_metrics_logger(config, run_dir, resume_step),
+        checkpoints=checkpoints,
+        pad_token_id=pad,
+        groups=groups,
+    )
+
+
+HEADLINE_KEYS = (
+    "train/reward_mean",
+    "val/reward_mean",
+    "critic/explained_var",
+    "mismatch/token_mult_prob_error",
+    "timing/step",
+)
+
+
+def _metrics_logger(config: RunConfig, run_dir: Path, resume_step: int) -> MetricsLogger:
+    logger = config.logger
+    sinks: list[Any] = [JsonlSink(run_dir / "metrics.jsonl", truncate_after_step=resume_step)]
+    if logger.tensorboard_enabled:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+    if logger.console:
+        sinks.append(ConsoleProgress(config.ppo.max_num_steps, resume_step, headline_keys=HEADLINE_KEYS))
+    remote: list[Any] = []
+    if logger.wandb_enabled:
+        from asyncppo.metrics import WandbSink
+
+        remote.append(
+            WandbSink(
+                logger.wandb.project,
+                logger.wandb.name or run_dir.name,
+                logger.wandb.entity,
+                config.model_dump(mode="json"),
+            )
+        )
+    if logger.mlflow_enabled:
+        from asyncppo.metrics import MlflowSink
+
+        remote.append(MlflowSink(logger.mlflow.experiment_name, logger.mlflow.tracking_uri, run_dir))
+    return MetricsLogger(sinks, best_effort_sinks=remote)
