@@ -23,7 +23,7 @@ def test_overrides_are_typed_by_the_schema(tree):
             [
                 "ppo.ppo_epochs=3",
                 "model.optimizer.lr=1e-4",
-                "generation.stop_strings=[a, b]",
+                "generation.stop_token_ids=[5, 7]",
                 "ppo.seq_logprob_error_threshold=null",
                 "model.model_name=123",  # a str field keeps the text, it does not become the int 123
                 "logger.wandb_enabled=true",
@@ -32,7 +32,7 @@ def test_overrides_are_typed_by_the_schema(tree):
     )
     assert config.ppo.ppo_epochs == 3
     assert config.model.optimizer.lr == pytest.approx(1e-4)
-    assert config.generation.stop_strings == ["a", "b"]
+    assert config.generation.stop_token_ids == [5, 7]
     assert config.ppo.seq_logprob_error_threshold is None
     assert config.model.model_name == "123"
     assert config.logger.wandb_enabled is True

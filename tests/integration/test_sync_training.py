@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from asyncppo.checkpoint import load_state
+from asyncppo.checkpoint import load_run_state, load_state
+from asyncppo.cli.builders import resolve_model_path
 from asyncppo.cli.run import build_run
 from asyncppo.cli.train import train
 from asyncppo.config import validate_tree
 from asyncppo.metrics import read_metrics_jsonl
+from asyncppo.models.tokenizer import load_tokenizer
+from asyncppo.models.value import load_value_model, save_value_model, value_head
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -62,14 +65,38 @@ def test_non_colocated_run_trains_and_generators_hold_the_trainers_exact_weights
     ).is_file()
 
 
-def test_colocated_run_trains_with_the_generator_inside_the_policy_worker(
+def test_colocated_run_with_critic_warm_up_warm_started_critic_and_rollout_dumps(
     ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
 ):
-    tree = tiny_run_tree(data_dir)
-    metrics = _train(tree, tmp_path, cache_dir)
+    # A saved critic whose head is not zero: a warm start shows as non-zero pre-update values at step 1.
+    os.environ["ASYNCPPO_CACHE_DIR"] = str(cache_dir)
+    base = resolve_model_path("tiny:tiny")
+    critic = load_value_model(base)
+    with torch.no_grad():
+        value_head(critic).weight.fill_(0.05)
+    save_value_model(critic, load_tokenizer(base), tmp_path / "critic")
+    tree = tiny_run_tree(data_dir, policy_training_start_step=1, log_rollout_dump=True, rollout_dump_period=1)
+    tree["value"]["warm_start_path"] = str(tmp_path / "critic")
+    metrics = _train(tree, tmp_path / "run", cache_dir)
+
     assert [m["step"] for m in metrics] == [1, 2]
+    assert [m["train/policy_trained"] for m in metrics] == [0.0, 1.0]
     assert metrics[0]["mismatch/token_mult_prob_error"] == pytest.approx(1.0, abs=1e-3)
+    assert abs(metrics[0]["critic/mean_v_early"]) > 1e-3
     assert "val/reward_mean" in metrics[-1]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert not (checkpoints / "step_1" / "policy").exists()  # the policy has not trained yet: nothing to save
+    assert (checkpoints / "step_2" / "policy" / "model.safetensors").is_file()
+    assert load_run_state(checkpoints / "step_2").extra == {"value_warm_start": str(tmp_path / "critic")}
+    dump = torch.load(tmp_path / "run" / "rollout_dumps" / "step_2.pt", weights_only=True)
+    assert dump["step"] == 2 and len(dump["reward"]) == 8
+
+
+def test_fresh_critic_predicts_zero_before_its_first_update(
+    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+):
+    metrics = _train(tiny_run_tree(data_dir, max_num_steps=1), tmp_path, cache_dir)
+    assert metrics[0]["critic/mean_v_early"] == 0.0
 
 
 def test_stopped_and_resumed_run_repeats_the_uninterrupted_run(

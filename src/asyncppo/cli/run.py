@@ -15,10 +15,8 @@ from typing import Any
 from asyncppo.checkpoint import (
     CheckpointManager,
     RunState,
-    is_warm_start,
     load_run_state,
     load_state,
-    mark_warm_start,
     restore_rng_state,
     save_rng_state,
     save_run_state,
@@ -26,7 +24,7 @@ from asyncppo.checkpoint import (
 )
 from asyncppo.cli import builders
 from asyncppo.cli.ppo_step import StepSettings
-from asyncppo.config import RunConfig, dump_config
+from asyncppo.config import ConfigError, RunConfig, dump_config
 from asyncppo.data.prompt_stream import PromptStream
 from asyncppo.data.rows import load_rows, split_rows
 from asyncppo.distributed.process_group import SyncGroupSpec, free_port
@@ -91,13 +89,16 @@ class Run:
         if not rows:
             return {}
         self.start_generation(step, seed_offset=104729)
-        trajectories: list[Trajectory] = self.rollout(rows, 0, sampling=self.validation_sampling, generations=1)
+        generations = self.config.ppo.val_num_generations_per_prompt
+        trajectories: list[Trajectory] = self.rollout(
+            rows, 0, sampling=self.validation_sampling, generations=generations
+        )
         rewards = [t.reward for t in trajectories]
         lengths = [t.num_generated_tokens for t in trajectories]
         return {
             "val/reward_mean": sum(rewards) / len(rewards),
             "val/response_length_mean": sum(lengths) / len(lengths),
-            "val/num_samples": float(len(rows)),
+            "val/num_samples": float(len(trajectories)),
         }
 
     def restore(self) -> int:
@@ -114,8 +115,7 @@ class Run:
                 "checkpoint %s has no policy (still in critic warm-up): the policy starts from its base", latest
             )
         if self.value is not None:
-            warm = is_warm_start(latest)
-            self.value.group.call_all("load", str(latest / VALUE_DIR), load_optimizer=not warm)
+            self.value.group.call_all("load", str(latest / VALUE_DIR))
         self.source.load_state_dict(load_state(latest / SOURCE_STATE_FILE))
         restore_rng_state(load_state(latest / RNG_STATE_FILE))
         print(f"resumed from {latest} (step {state.step})", flush=True)
@@ -137,13 +137,20 @@ class Run:
             self.policy.group.call(0, "save", str(directory / POLICY_DIR))
         if self.value is not None:
             self.value.group.call(0, "save", str(directory / VALUE_DIR))
-            if self.config.value is not None and self.config.value.warm_start_path and step <= 1:
-                mark_warm_start(directory, self.config.value.warm_start_path)
-        save_state(directory / SOURCE_STATE_FILE, self.source.state_dict())
+        source_state = self.source.state_dict()
+        save_state(directory / SOURCE_STATE_FILE, source_state)
         save_state(directory / RNG_STATE_FILE, save_rng_state())
-        save_run_state(
-            directory, RunState(step=step, epoch=0, num_consumed_prompts=step * self.config.ppo.num_prompts_per_step)
+        # Where the critic's first weights came from stays on record in every checkpoint of the run.
+        warm_start = self.config.value.warm_start_path if self.config.value is not None else None
+        extra = {"value_warm_start": warm_start} if warm_start else {}
+        prompts = source_state.get("prompts", {})
+        run_state = RunState(
+            step=step,
+            epoch=int(prompts.get("epoch", 0)),
+            num_consumed_prompts=int(prompts.get("num_prompts_consumed", step * self.config.ppo.num_prompts_per_step)),
+            extra=extra,
         )
+        save_run_state(directory, run_state)
         (directory / CONFIG_FILE).write_text(dump_config(self.config))
         ranking = {key.replace("/", ":", 1): value for key, value in metrics.items() if math.isfinite(value)}
         return self.checkpoints.finalize(step, {**metrics, **ranking})
@@ -210,8 +217,19 @@ def _host_options(device: str, num_gpus: float, max_concurrency: int = 1) -> Hos
     )
 
 
+def check_supported(config: RunConfig) -> None:
+    """Fail before starting anything when the config asks for a mode this version does not run yet."""
+    if config.ppo.async_ppo.enabled:
+        raise ConfigError(["ppo.async_ppo.enabled: async PPO is not implemented yet (issue #5); set it to false"])
+    if config.env.should_use_nemo_gym:
+        raise ConfigError(["env.should_use_nemo_gym: gym rollouts are not implemented yet (issue #6)"])
+    if config.ppo.max_rollout_turns != 1:
+        raise ConfigError(["ppo.max_rollout_turns: single-turn rollouts only until gym rollouts land (issue #6)"])
+
+
 def build_run(config: RunConfig, run_dir: Path) -> Run:
     """Start Ray and every worker, connect weight sync, and open data, sinks and checkpoints."""
+    check_supported(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(dump_config(config))
     paths = builders.model_paths(config)
@@ -225,7 +243,8 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     )
     engine = builders.engine_settings(config, eos, pad)
     colocated = config.generation.colocated.enabled
-    init_local_ray(num_cpus=config.cluster.num_cpus, address=config.cluster.ray_address)
+    num_gpus = config.cluster.gpus_per_node or None
+    init_local_ray(num_cpus=config.cluster.num_cpus, num_gpus=num_gpus, address=config.cluster.ray_address)
 
     groups: list[WorkerGroup] = []
     gpu = device == "cuda"

@@ -33,6 +33,8 @@ def run_train_command(args: argparse.Namespace) -> int:
 def train(run: Run) -> None:
     """The loop: steps from the restored step to ppo.max_num_steps, validating and saving on schedule."""
     ppo = run.config.ppo
+    deadline = run.config.checkpointing.must_save_by_seconds
+    run_started = time.monotonic()
     start = run.restore()
     run.publish_policy(version=start, trained=True)  # generators start from the trainer's exact weights
     policy_has_trained = start > ppo.policy_training_start_step
@@ -59,10 +61,16 @@ def train(run: Run) -> None:
         metrics["timing/generation"] = generated - started
         metrics["timing/step"] = time.perf_counter() - started
         run.metrics.log(completed, metrics)
+        out_of_time = deadline is not None and time.monotonic() - run_started >= deadline
         if run.config.checkpointing.enabled and (
-            _due(run.config.checkpointing.save_period, completed) or completed == ppo.max_num_steps
+            _due(run.config.checkpointing.save_period, completed) or completed == ppo.max_num_steps or out_of_time
         ):
             run.save(completed, metrics, policy_has_trained)
+        if out_of_time:
+            print(
+                f"checkpointing.checkpoint_must_save_by reached after step {completed}: saved and stopped", flush=True
+            )
+            return
 
 
 def _due(period: int, completed: int) -> bool:

@@ -201,8 +201,8 @@ class PPOConfig(Section):
     """Validate after the last step."""
     max_val_samples: PositiveInt | None = None
     """Validation prompts per validation; null = the whole validation set."""
-    val_batch_size: PositiveInt | None = None
-    """Validation prompts generated together; null = max_val_samples."""
+    val_num_generations_per_prompt: PositiveInt = 1
+    """Samples per validation prompt; more samples make a sampled validation reward less noisy."""
     seed: int = 42
     """Seed of every random number generator of the run."""
     overlong_filtering: bool = False

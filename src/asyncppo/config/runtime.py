@@ -66,8 +66,6 @@ class GenerationConfig(Section):
     """Validation nucleus mass; null = top_p."""
     stop_token_ids: list[int] | None = None
     """Extra token ids that end a generation (EOS always does)."""
-    stop_strings: list[str] | None = None
-    """Strings that end a generation."""
     max_batch_size: PositiveInt = 64
     """Most requests decoded together by the batching loop."""
     num_workers: PositiveInt = 1
@@ -162,6 +160,15 @@ class ClusterConfig(Section):
     """GPUs per node; 0 on CPU machines."""
     ray_address: str | None = None
     """Existing Ray cluster; null starts a local one bound to 127.0.0.1."""
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> Self:
+        if self.num_nodes > 1 and self.ray_address is None:
+            raise RuleError(
+                "ray_address", f"required when num_nodes={self.num_nodes} > 1 (a local cluster is one node)"
+            )
+        return self
+
     num_cpus: PositiveInt | None = None
     """CPUs given to a local Ray cluster; null = all."""
 
@@ -181,8 +188,6 @@ class CheckpointingConfig(Section):
     """Ranking metric, `val:<key>` or `train:<key>`; required with keep_top_k."""
     higher_is_better: bool = True
     """Direction of metric_name."""
-    save_optimizer: bool = True
-    """Save optimizer and scheduler states (needed for an exact resume)."""
     checkpoint_must_save_by: str | None = None
     """Wall-clock budget `DD:HH:MM:SS`; when it runs out the run saves and stops."""
 
