@@ -55,6 +55,14 @@ class BatchSource(Protocol):
         """Stop background work, if any."""
         ...
 
+    def before_weight_update(self) -> None:
+        """Called right before the driver publishes new weights (async: pause or drain rollouts)."""
+        ...
+
+    def after_weight_update(self, version: int) -> None:
+        """Called once the generators hold weight `version` (async: move the staleness window, resume)."""
+        ...
+
 
 class SyncBatchSource:
     """Generates each step's batch on demand with the weights the generators hold now (sync PPO)."""
@@ -85,4 +93,10 @@ class SyncBatchSource:
         self._iterator = None
 
     def close(self) -> None:
+        return None
+
+    def before_weight_update(self) -> None:
+        return None  # batches are generated on demand, so nothing runs while weights change
+
+    def after_weight_update(self, version: int) -> None:
         return None

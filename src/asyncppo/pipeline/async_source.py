@@ -1,0 +1,189 @@
+"""AsyncBatchSource: the BatchSource of async PPO, taking each step's groups from the collector-fed buffer.
+
+The driver calls next_batch(step) / before_weight_update() / after_weight_update(step + 1) / state_dict().
+
+    Collector --groups (version g, target t)--> TrajectoryBuffer --take(step, sample_max_age(step))--> StepBatch
+        ^                                             |
+        +-- after_weight_update(v): window moves      +-- waits also until target step+1 is covered (stored or
+                                                          reserved), else publishing v = step+1 strands it
+
+Waiting is bounded: no buffer change for watchdog_timeout_s raises StallError naming the step, the target and
+what the buffer and collector hold; a collector failure is raised as CollectorError on the next poll.
+"""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from asyncppo.pipeline.buffer import DROP_REASONS, BufferedGroup, TrajectoryBuffer
+from asyncppo.pipeline.collector import Collector
+from asyncppo.pipeline.errors import StallError
+from asyncppo.pipeline.ledger import AccountingReport
+from asyncppo.pipeline.sources import StepBatch
+from asyncppo.pipeline.staleness import AgeSchedule
+
+STATE_FORMAT = 1
+
+
+class AsyncBatchSource:
+    """Async PPO's batch source over a Collector and its TrajectoryBuffer (satisfies BatchSource)."""
+
+    def __init__(
+        self,
+        collector: Collector,
+        buffer: TrajectoryBuffer,
+        *,
+        ages: AgeSchedule,
+        drop_incomplete_targets_on_restore: bool,
+        watchdog_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        poll_interval_s: float = 0.25,
+    ) -> None:
+        if buffer.max_size < 2 * buffer.num_groups_per_step:
+            # Step s's groups and the reservations of step s + 1 must fit together (see next_batch).
+            raise ValueError(
+                f"buffer max_size {buffer.max_size} must be >= 2 x num_prompts_per_step "
+                f"({2 * buffer.num_groups_per_step})"
+            )
+        if watchdog_timeout_s <= 0:
+            raise ValueError(f"watchdog_timeout_s must be > 0, got {watchdog_timeout_s}")
+        self._collector = collector
+        self._buffer = buffer
+        self._ages = ages
+        self._drop_incomplete = drop_incomplete_targets_on_restore
+        self._watchdog_timeout_s = watchdog_timeout_s
+        self._clock = clock
+        self._poll_interval_s = poll_interval_s
+        self._next_step: int | None = None  # None until the first next_batch
+        self._rate_mark: tuple[float, int] = (clock(), 0)
+
+    def start(self) -> None:
+        """Start collecting (next_batch does it too); call after load_state_dict when resuming."""
+        if self._next_step is None:
+            self._next_step = self._collector.initial_version
+            self._rate_mark = (self._clock(), self._collector.num_groups_completed)
+        self._collector.start()
+
+    def next_batch(self, step: int) -> StepBatch:
+        """Step `step`'s N groups, once they are complete AND step + 1 is covered (complete or reserved).
+
+        The second condition is the #3828 rule (seed-system.md 7), applied at every step rather than only at
+        startup: after this step the driver publishes version step + 1, whose window starts at step + 2, so any
+        group of step + 1 not reserved by then would never get a producer.
+        """
+        self.start()
+        if step != self._next_step:
+            raise ValueError(
+                f"next_batch({step}): steps must run in order from the collector's initial version "
+                f"{self._collector.initial_version}; expected step {self._next_step}"
+            )
+        if self._collector.version != step:
+            raise ValueError(
+                f"next_batch({step}) but the generators hold weight version {self._collector.version}: call "
+                f"after_weight_update({step}) when step {step - 1} has published its weights"
+            )
+        started = self._clock()
+        groups = self._wait_for(step)
+        idle_seconds = self._clock() - started
+        self._next_step = step + 1
+        trajectories = [trajectory for group in groups for trajectory in group.trajectories]
+        return StepBatch(trajectories, num_prompts=len(groups), metrics=self._metrics(step, groups, idle_seconds))
+
+    def _wait_for(self, step: int) -> list[BufferedGroup]:
+        max_age = self._ages.sample_max_age(step)
+        groups: list[BufferedGroup] | None = None
+        revision = self._buffer.revision
+        last_progress = self._clock()
+        while True:
+            self._collector.raise_if_failed()
+            if groups is None:
+                groups = self._buffer.take(step, max_age)
+            if groups is not None and self._buffer.is_covered(step + 1):
+                return groups
+            waited = self._clock() - last_progress
+            if waited >= self._watchdog_timeout_s:
+                raise StallError(self._stall_message(step, groups is not None, waited))
+            timeout = min(self._poll_interval_s, self._watchdog_timeout_s - waited)
+            new_revision = self._buffer.wait_for_change(revision, timeout)
+            if new_revision != revision:
+                revision, last_progress = new_revision, self._clock()
+
+    def _stall_message(self, step: int, taken: bool, waited: float) -> str:
+        if taken:
+            awaited = (
+                f"target {step + 1} to be covered (stored or reserved: {self._buffer.needed(step + 1)} of "
+                f"{self._buffer.num_groups_per_step} groups still unreserved) before step {step} may train"
+            )
+        else:
+            awaited = (
+                f"target {step}: {self._buffer.num_groups_per_step} complete groups generated with version >= "
+                f"{step - self._ages.sample_max_age(step)}"
+            )
+        return (
+            f"step {step}: no progress for {waited:.1f} s (watchdog_timeout_s={self._watchdog_timeout_s}) "
+            f"waiting for {awaited}; {self._buffer.describe()}; {self._collector.describe()}"
+        )
+
+    def _metrics(self, step: int, groups: list[BufferedGroup], idle_seconds: float) -> dict[str, float]:
+        """Ages are weighted per trajectory and use the version each group started with (its oldest weights)."""
+        versions = [group.generation_version for group in groups for _ in group.trajectories]
+        trajectory_ages = [step - version for version in versions]
+        policy_ages = [self._ages.policy_age(step, version) for version in versions]
+        assert max(policy_ages) <= self._ages.train_age, f"policy ages {policy_ages} exceed the window at {step}"
+        now, completed = self._clock(), self._collector.num_groups_completed
+        last_time, last_completed = self._rate_mark
+        self._rate_mark = (now, completed)
+        dropped = self._buffer.dropped_counts()
+        metrics = {
+            "async/buffer_size": float(self._buffer.size()),
+            "async/avg_trajectory_age": sum(trajectory_ages) / len(trajectory_ages),
+            "async/max_trajectory_age": float(max(trajectory_ages)),
+            "async/avg_policy_age": sum(policy_ages) / len(policy_ages),
+            "async/max_policy_age": float(max(policy_ages)),
+            "async/idle_wait_seconds": idle_seconds,
+            "async/failed_trajectories": float(self._collector.num_failed_rollouts),
+            "async/collector_groups_per_second": (completed - last_completed) / max(now - last_time, 1e-9),
+        }
+        # Cumulative over the run (the ledger is checkpointed), one key per reason so the series never vanish.
+        metrics.update({f"async/dropped_prompts/{reason}": float(dropped.get(reason, 0)) for reason in DROP_REASONS})
+        return metrics
+
+    def before_weight_update(self) -> None:
+        """Stop starting rollouts (and, without in-flight updates, drain them) before weights are pushed."""
+        self._collector.prepare_for_weight_update()
+
+    def after_weight_update(self, version: int) -> None:
+        """The generators now hold `version` (= the step just trained + 1): move the window and resume."""
+        self._collector.set_weight_version(version)
+        self._collector.resume_after_weight_update()
+
+    def accounting(self) -> AccountingReport:
+        """Where every draw id is right now (trained / dropped / buffered / pending), taken atomically."""
+        with self._collector.frozen():
+            return self._buffer.accounting_report(self._collector.pending_ids(), self._collector.next_draw_id)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Collector and buffer state from one instant (the collector is frozen meanwhile); plain data."""
+        with self._collector.frozen():
+            return {
+                "format": STATE_FORMAT,
+                "collector": self._collector.state_dict(),
+                "buffer": self._buffer.state_dict(),
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the collector's initial version (the step the run restarts at); before the first next_batch."""
+        if self._next_step is not None:
+            raise RuntimeError("load_state_dict must run before the source starts")
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"async batch source state has format {state.get('format')}, expected {STATE_FORMAT}")
+        self._collector.load_state_dict(state["collector"])
+        self._buffer.load_state_dict(
+            state["buffer"],
+            self._collector.initial_version,
+            drop_incomplete_targets=self._drop_incomplete,
+            max_age_of_step=self._ages.sample_max_age,
+        )
+
+    def close(self) -> None:
+        self._collector.stop()

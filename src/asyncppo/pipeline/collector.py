@@ -1,0 +1,338 @@
+"""Collector: a background thread that draws prompts and runs their rollouts ahead of training, into the buffer.
+
+Built by the driver's builders with a rollout function; driven by AsyncBatchSource (weight updates, state).
+
+    prompt stream --epochs--> pending rows [(draw id, row)] --reserve lowest needed target (gap-fill)-->
+        one thread per prompt group: rollout([row], [draw id]) --> buffer.add_group (or failure channel)
+    set_weight_version(v): the window of collectable targets moves (AgeSchedule.collectable_targets)
+
+Draw ids are assigned when a row leaves the prompt stream, so a row drawn but not yet started (the rest of a
+batch, kept in `pending`) or in flight when a checkpoint is taken is saved with its id and regenerated on
+resume: no prompt is lost or drawn twice. One lock (a Condition over an RLock) guards all of it; every wait
+re-checks state under that lock with a timeout, so a notification can never be lost.
+"""
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from asyncppo.pipeline.buffer import FAILED_ROLLOUT, TrajectoryBuffer
+from asyncppo.pipeline.errors import CollectorError, StallError
+from asyncppo.pipeline.plain_state import check_plain_data
+from asyncppo.pipeline.sources import PromptBatches, Row
+from asyncppo.pipeline.staleness import AgeSchedule
+from asyncppo.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+GroupRolloutFn = Callable[[list[Row], list[int]], list[list[Trajectory]]]
+"""(prompt rows, their draw ids) -> one group per row, each trajectory's group_id = the row's draw id. May raise."""
+
+
+@dataclass
+class _InFlight:
+    row: Row
+    target: int
+    generation_version: int
+
+
+class Collector:
+    """Keeps the buffer filled for the targets the staleness window allows; see the module docstring."""
+
+    def __init__(
+        self,
+        prompts: PromptBatches,
+        rollout: GroupRolloutFn,
+        buffer: TrajectoryBuffer,
+        *,
+        initial_version: int,
+        ages: AgeSchedule,
+        max_concurrent_groups: int,
+        in_flight_weight_updates: bool,
+        drain_timeout_s: float,
+        idle_recheck_s: float = 0.5,
+    ) -> None:
+        if max_concurrent_groups < 1:
+            raise ValueError(f"max_concurrent_groups must be >= 1, got {max_concurrent_groups}")
+        self.initial_version = initial_version
+        self.in_flight_weight_updates = in_flight_weight_updates
+        self._prompts = prompts
+        self._rollout = rollout
+        self._buffer = buffer
+        self._ages = ages
+        self._max_concurrent = max_concurrent_groups
+        self._drain_timeout_s = drain_timeout_s
+        self._idle_recheck_s = idle_recheck_s
+        self._condition = threading.Condition(threading.RLock())
+        self._version = initial_version
+        self._paused = False
+        self._stopping = False
+        self._pending: deque[tuple[int, Row]] = deque()
+        self._running: dict[int, _InFlight] = {}
+        self._threads: set[threading.Thread] = set()
+        self._loop_thread: threading.Thread | None = None
+        self._next_draw_id = 0
+        self._num_groups_completed = 0
+        self._num_failed_rollouts = 0
+        self._failure: tuple[str, BaseException] | None = None
+        self._batches: Iterator[list[Row]] | None = None
+        self._batches_this_epoch = 0
+        self._empty_epochs_in_a_row = 0
+        buffer.add_listener(self._wake)
+
+    # ---- driver-facing controls -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the collection thread (once; after any load_state_dict)."""
+        with self._condition:
+            if self._loop_thread is not None:
+                return
+            self._loop_thread = threading.Thread(target=self._loop, name="collector", daemon=True)
+            self._loop_thread.start()
+
+    @property
+    def version(self) -> int:
+        with self._condition:
+            return self._version
+
+    @property
+    def num_groups_completed(self) -> int:
+        with self._condition:
+            return self._num_groups_completed
+
+    @property
+    def num_failed_rollouts(self) -> int:
+        with self._condition:
+            return self._num_failed_rollouts
+
+    def set_weight_version(self, version: int) -> None:
+        """The generators now hold `version`: new rollouts are tagged with it and the target window moves."""
+        with self._condition:
+            if version < self._version:
+                raise ValueError(f"weight version may not go back: {version} after {self._version}")
+            self._version = version
+            self._condition.notify_all()
+
+    def prepare_for_weight_update(self) -> None:
+        """Stop starting rollouts; without in-flight updates also wait until none is running (StallError after
+        drain_timeout_s). Raises the collector's failure, if any."""
+        self.raise_if_failed()
+        with self._condition:
+            self._paused = True
+            if self.in_flight_weight_updates:
+                return
+            drained = self._condition.wait_for(
+                lambda: not self._running or self._failure is not None, timeout=self._drain_timeout_s
+            )
+            running = sorted(self._running)
+        self.raise_if_failed()
+        if not drained:
+            raise StallError(
+                f"weight update: {len(running)} rollouts still running after {self._drain_timeout_s} s "
+                f"(draw ids {running[:20]}); {self.describe()}"
+            )
+
+    def resume_after_weight_update(self) -> None:
+        with self._condition:
+            self._paused = False
+            self._condition.notify_all()
+
+    def raise_if_failed(self) -> None:
+        """Deliver a recorded rollout or loop failure to the caller (the driver), with the original as cause."""
+        with self._condition:
+            failure = self._failure
+        if failure is not None:
+            message, error = failure
+            raise CollectorError(message) from error
+
+    @contextmanager
+    def frozen(self) -> Generator[None]:
+        """Hold the collector still (no draws, starts or completions) so several states can be read atomically."""
+        with self._condition:
+            yield
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop and wait (bounded) for running rollouts; their results are discarded, not buffered."""
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+            threads = [*self._threads, *([self._loop_thread] if self._loop_thread else [])]
+        deadline = time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        alive = [thread.name for thread in threads if thread.is_alive()]
+        if alive:
+            log.warning("collector stop: %d threads still running after %.1f s: %s", len(alive), timeout_s, alive)
+
+    # ---- the collection loop -----------------------------------------------------------------------------
+    def _wake(self) -> None:
+        with self._condition:
+            self._condition.notify_all()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._condition:
+                    work = self._wait_for_work()
+                    if work is None:
+                        return
+                    self._start_rollouts(*work)
+        except Exception as error:  # the failure channel: recorded for the driver, never swallowed
+            self._record_failure(f"collector loop raised {type(error).__name__}: {error}", error)
+
+    def _wait_for_work(self) -> tuple[int, int] | None:
+        """(target, number of groups to start), or None when stopping. Re-checks after every wake or timeout."""
+        while not self._stopping and self._failure is None:
+            if not self._paused and len(self._running) < self._max_concurrent:
+                capacity = min(self._max_concurrent - len(self._running), self._buffer.free_slots())
+                for target in self._ages.collectable_targets(self._version, self.initial_version):
+                    needed = self._buffer.needed(target)
+                    if needed > 0 and capacity > 0:
+                        return target, min(needed, capacity)
+            self._condition.wait(timeout=self._idle_recheck_s)
+        return None
+
+    def _start_rollouts(self, target: int, count: int) -> None:
+        draws = self._draw(count)
+        if not self._buffer.reserve(target, self._version, [draw_id for draw_id, _ in draws]):
+            raise RuntimeError(f"buffer refused {count} groups for target {target} that it reported as needed")
+        for draw_id, row in draws:
+            self._running[draw_id] = _InFlight(row, target, self._version)
+            thread = threading.Thread(target=self._run_rollout, args=(draw_id, row), name=f"rollout-{draw_id}")
+            thread.daemon = True  # a hung rollout must not keep the process alive after stop()
+            self._threads.add(thread)
+            thread.start()
+
+    def _draw(self, count: int) -> list[tuple[int, Row]]:
+        """The first `count` pending rows, drawing whole batches from the stream; leftovers stay pending."""
+        while len(self._pending) < count:
+            for row in self._next_rows():
+                self._pending.append((self._next_draw_id, row))
+                self._next_draw_id += 1
+        return [self._pending.popleft() for _ in range(count)]
+
+    def _next_rows(self) -> list[Row]:
+        """The next batch, cycling epochs; two epochs in a row without a batch mean there is nothing to draw."""
+        while True:
+            if self._batches is None:
+                self._batches = iter(self._prompts)
+                self._batches_this_epoch = 0
+            batch = next(self._batches, None)
+            if batch is not None:
+                if not batch:
+                    raise CollectorError("the prompt stream yielded an empty batch")
+                self._batches_this_epoch += 1
+                self._empty_epochs_in_a_row = 0
+                return list(batch)
+            # A resumed stream may yield nothing in its first epoch (restored at the epoch's end); only a second
+            # empty epoch in a row means the data is gone.
+            self._empty_epochs_in_a_row += 1 if self._batches_this_epoch == 0 else 0
+            self._batches = None
+            if self._empty_epochs_in_a_row >= 2:
+                raise CollectorError(
+                    "the prompt stream yielded no prompts in two consecutive epochs: the dataset is empty or "
+                    "exhausted (async collection needs a stream that cycles epochs, e.g. max_epochs=None)"
+                )
+
+    def _run_rollout(self, draw_id: int, row: Row) -> None:
+        try:
+            try:
+                groups = self._rollout([row], [draw_id])
+                if len(groups) != 1 or not groups[0] or any(t.group_id != draw_id for t in groups[0]):
+                    raise ValueError(
+                        f"rollout must return one non-empty group with group_id {draw_id}, got "
+                        f"{[[t.group_id for t in group] for group in groups]}"
+                    )
+            except Exception as error:  # fault tolerance is the point: the failure goes to the driver
+                self._rollout_failed(draw_id, error)
+                return
+            self._rollout_done(draw_id, groups[0])
+        finally:
+            with self._condition:
+                self._threads.discard(threading.current_thread())
+
+    def _rollout_done(self, draw_id: int, trajectories: list[Trajectory]) -> None:
+        with self._condition:
+            if self._stopping:
+                return  # a stopped collector changes nothing: the draw stays in flight in its accounting
+            self._running.pop(draw_id)
+            self._buffer.add_group(draw_id, trajectories)
+            self._num_groups_completed += 1
+            self._condition.notify_all()
+
+    def _rollout_failed(self, draw_id: int, error: Exception) -> None:
+        with self._condition:
+            if self._stopping:
+                return
+            in_flight = self._running.pop(draw_id)
+            self._buffer.release(draw_id, FAILED_ROLLOUT)
+            self._num_failed_rollouts += 1
+            self._record_failure(
+                f"rollout of draw id {draw_id} (target step {in_flight.target}, weight version "
+                f"{in_flight.generation_version}) raised {type(error).__name__}: {error}",
+                error,
+            )
+
+    def _record_failure(self, message: str, error: BaseException) -> None:
+        with self._condition:
+            if self._failure is None:  # the first failure is the cause; later ones are its consequences
+                self._failure = (message, error)
+                log.error("collector failed: %s", message)
+            self._condition.notify_all()
+        self._buffer.signal()
+
+    # ---- inspection and state ----------------------------------------------------------------------------
+    def in_flight_ids(self) -> list[int]:
+        with self._condition:
+            return sorted(self._running)
+
+    def pending_ids(self) -> list[int]:
+        """Drawn rows not yet in the buffer: waiting to start or in flight."""
+        with self._condition:
+            return sorted([draw_id for draw_id, _ in self._pending] + list(self._running))
+
+    @property
+    def next_draw_id(self) -> int:
+        with self._condition:
+            return self._next_draw_id
+
+    def describe(self) -> str:
+        with self._condition:
+            in_flight = {draw_id: info.target for draw_id, info in sorted(self._running.items())[:20]}
+            alive = self._loop_thread is not None and self._loop_thread.is_alive()
+            return (
+                f"collector: weight version {self._version} (initial {self.initial_version}), "
+                f"paused {self._paused}, loop running {alive}, {len(self._running)} rollouts in flight "
+                f"(draw id -> target: {in_flight}), {len(self._pending)} rows waiting, "
+                f"next draw id {self._next_draw_id}, failure: {self._failure[0] if self._failure else None}"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Prompt stream position, every drawn-but-unbuffered row with its draw id, and counters (plain data)."""
+        with self._condition:
+            unfinished = [*self._pending, *((draw_id, info.row) for draw_id, info in self._running.items())]
+            unfinished.sort(key=lambda item: item[0])
+            for draw_id, row in unfinished:
+                check_plain_data(row, f"prompt row of draw id {draw_id}")
+            return {
+                "prompts": self._prompts.state_dict(),
+                "pending": [{"draw_id": draw_id, "row": row} for draw_id, row in unfinished],
+                "next_draw_id": self._next_draw_id,
+                "num_groups_completed": self._num_groups_completed,
+                "num_failed_rollouts": self._num_failed_rollouts,
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._condition:
+            if self._loop_thread is not None:
+                raise RuntimeError("load_state_dict must run before the collector starts")
+            self._prompts.load_state_dict(state["prompts"])
+            self._pending = deque((int(entry["draw_id"]), dict(entry["row"])) for entry in state["pending"])
+            self._next_draw_id = int(state["next_draw_id"])
+            self._num_groups_completed = int(state["num_groups_completed"])
+            self._num_failed_rollouts = int(state["num_failed_rollouts"])
+            self._batches = None

@@ -1,0 +1,13 @@
+"""The errors the async pipeline raises to the driver (never swallowed, never retried here).
+
+Collector rollout or loop failure --> CollectorError (its __cause__ is the original exception)
+no buffer progress for watchdog_timeout_s, or a weight-update drain that never ends --> StallError
+"""
+
+
+class CollectorError(RuntimeError):
+    """The collector stopped producing: a rollout raised, its loop raised, or the prompt stream ran dry."""
+
+
+class StallError(TimeoutError):
+    """The pipeline made no progress within its watchdog; the message names what was awaited and what exists."""
