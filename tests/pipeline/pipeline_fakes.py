@@ -18,8 +18,9 @@ from asyncppo.rollout.trajectory import MessageSpan, Trajectory
 Row = dict[str, Any]
 
 
-def make_trajectory(draw_id: int, sample_index: int = 0, version: int = 0, last_version: int | None = None,
-                    task: Row | None = None) -> Trajectory:
+def make_trajectory(
+    draw_id: int, sample_index: int = 0, version: int = 0, last_version: int | None = None, task: Row | None = None
+) -> Trajectory:
     """A 2-token prompt + 2 generated tokens; the logprobs are not float32-representable, to catch rounding."""
     return Trajectory(
         token_ids=[5, 6, 7 + sample_index, 9],
@@ -65,14 +66,21 @@ class FakeGenerator:
     """Rollouts tagged with the generator's weight version at their first and last token.
 
     `delay` maps a draw id to seconds to sleep; draw ids in `fail_on` raise; while `gate` is clear, rollouts
-    wait for it (at most 10 s, so a broken test cannot hang)."""
+    (of the draw ids in `gated`, or all) wait for it (at most 10 s, so a broken test cannot hang)."""
 
-    def __init__(self, group_size: int = 2, delay: Callable[[int], float] | None = None,
-                 fail_on: frozenset[int] = frozenset(), gate: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        group_size: int = 2,
+        delay: Callable[[int], float] | None = None,
+        fail_on: frozenset[int] = frozenset(),
+        gate: threading.Event | None = None,
+        gated: frozenset[int] | None = None,
+    ) -> None:
         self.group_size = group_size
         self.delay = delay
         self.fail_on = fail_on
         self.gate = gate
+        self.gated = gated
         self.version = 0
         self.started: list[int] = []
         self._lock = threading.Lock()
@@ -83,15 +91,16 @@ class FakeGenerator:
             with self._lock:
                 self.started.append(draw_id)
                 first_version = self.version
-            if self.gate is not None:
+            if self.gate is not None and (self.gated is None or draw_id in self.gated):
                 self.gate.wait(timeout=10)
             if self.delay is not None:
                 time.sleep(self.delay(draw_id))
             if draw_id in self.fail_on:
                 raise RuntimeError(f"boom on draw {draw_id}")
             last_version = self.version
-            groups.append([make_trajectory(draw_id, index, first_version, last_version, row)
-                           for index in range(self.group_size)])
+            groups.append(
+                [make_trajectory(draw_id, index, first_version, last_version, row) for index in range(self.group_size)]
+            )
         return groups
 
 
@@ -119,23 +128,52 @@ class Setup:
     batches: dict[int, StepBatch] = field(default_factory=dict[int, StepBatch])
 
 
-def build(prompts: PromptBatches, generator: FakeGenerator, *, num_prompts: int = 2, start_step: int = 0,
-          ages: AgeSchedule | None = None, in_flight: bool = False, max_concurrent: int = 8,
-          drop_incomplete: bool = True, watchdog_s: float = 5.0, max_size: int | None = None,
-          idle_recheck_s: float = 0.5) -> Setup:
+def build(
+    prompts: PromptBatches,
+    generator: FakeGenerator,
+    *,
+    num_prompts: int = 2,
+    start_step: int = 0,
+    ages: AgeSchedule | None = None,
+    in_flight: bool = False,
+    max_concurrent: int = 8,
+    drop_incomplete: bool = True,
+    watchdog_s: float = 5.0,
+    max_size: int | None = None,
+    idle_recheck_s: float = 0.5,
+) -> Setup:
     ages = ages or AgeSchedule(policy_training_start_step=0, train_age=1, warmup_age=1)
     buffer = TrajectoryBuffer(num_prompts, max_size or default_buffer_size(num_prompts, ages.max_age))
-    collector = Collector(prompts, generator.rollout, buffer, initial_version=start_step, ages=ages,
-                          max_concurrent_groups=max_concurrent, in_flight_weight_updates=in_flight,
-                          drain_timeout_s=watchdog_s, idle_recheck_s=idle_recheck_s)
-    source = AsyncBatchSource(collector, buffer, ages=ages, drop_incomplete_targets_on_restore=drop_incomplete,
-                              watchdog_timeout_s=watchdog_s, poll_interval_s=0.05)
+    collector = Collector(
+        prompts,
+        generator.rollout,
+        buffer,
+        initial_version=start_step,
+        ages=ages,
+        max_concurrent_groups=max_concurrent,
+        in_flight_weight_updates=in_flight,
+        drain_timeout_s=watchdog_s,
+        idle_recheck_s=idle_recheck_s,
+    )
+    source = AsyncBatchSource(
+        collector,
+        buffer,
+        ages=ages,
+        drop_incomplete_targets_on_restore=drop_incomplete,
+        watchdog_timeout_s=watchdog_s,
+        poll_interval_s=0.05,
+    )
     generator.version = start_step
     return Setup(source, collector, buffer, generator, prompts, ages)
 
 
-def run_steps(setup: Setup, steps: range, rng: random.Random | None = None, max_pause_s: float = 0.0,
-              on_step_end: Callable[[int], None] | None = None) -> None:
+def run_steps(
+    setup: Setup,
+    steps: range,
+    rng: random.Random | None = None,
+    max_pause_s: float = 0.0,
+    on_step_end: Callable[[int], None] | None = None,
+) -> None:
     """The driver's per-step sequence: next_batch, train, before_weight_update, push, after_weight_update."""
     for step in steps:
         setup.batches[step] = setup.source.next_batch(step)
@@ -152,3 +190,25 @@ def run_steps(setup: Setup, steps: range, rng: random.Random | None = None, max_
 
 def draw_ids_of(batch: StepBatch) -> list[int]:
     return sorted({trajectory.group_id for trajectory in batch.trajectories})
+
+
+class GatedPrompts(ListPrompts):
+    """ListPrompts whose every batch waits for `gate` (at most 10 s): a slow or stuck dataset."""
+
+    def __init__(self, num_rows: int, batch_size: int, gate: threading.Event) -> None:
+        super().__init__(num_rows, batch_size)
+        self.gate = gate
+
+    def __iter__(self) -> Iterator[list[Row]]:
+        for batch in super().__iter__():
+            self.gate.wait(timeout=10)
+            yield batch
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()

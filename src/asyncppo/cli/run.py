@@ -31,6 +31,7 @@ from asyncppo.distributed.process_group import SyncGroupSpec, free_port
 from asyncppo.generation.protocol import SamplingParams
 from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBoardSink
 from asyncppo.models.tokenizer import load_tokenizer
+from asyncppo.pipeline.async_source import build_async_source
 from asyncppo.pipeline.sources import BatchSource, SyncBatchSource
 from asyncppo.rollout.rewards import load_reward_function
 from asyncppo.rollout.single_turn import run_single_turn_rollouts
@@ -70,8 +71,13 @@ class Run:
     groups: list[WorkerGroup] = field(default_factory=list[WorkerGroup])
 
     def start_generation(self, step: int, seed_offset: int = 0) -> None:
-        """Per-step sampling seed: a resumed run draws exactly what an uninterrupted one would."""
-        self.generator.reseed(self.config.ppo.seed + 7919 * step + seed_offset)
+        """Per-step sampling seed: a resumed sync run draws exactly what an uninterrupted one would.
+
+        Async runs skip it: the collector's rollouts interleave with training at timing-dependent points, so
+        a reseed would not make them reproducible and would only disturb the engines mid-flight.
+        """
+        if not self.config.ppo.async_ppo.enabled:
+            self.generator.reseed(self.config.ppo.seed + 7919 * step + seed_offset)
 
     def publish_policy(self, version: int, trained: bool) -> dict[str, float]:
         """Make generation use the policy of `version`: a push (non-colocated) or just the version (colocated)."""
@@ -194,6 +200,36 @@ def _rollout_fn(config: RunConfig, generator: RemoteGenerator, tokenizer: Any, t
     return rollout
 
 
+def _batch_source(config: RunConfig, rows: list[dict[str, Any]], rollout: Any, start_step: int) -> BatchSource:
+    """Sync: generate each step's batch on demand. Async: a collector runs ahead into a trajectory buffer."""
+    ppo = config.ppo
+    settings = ppo.async_ppo
+    # The async collector cycles epochs itself (async PPO is bounded by max_num_steps only, as in the seed).
+    max_epochs = None if settings.enabled else ppo.max_num_epochs
+    stream = PromptStream(
+        rows, batch_size=ppo.num_prompts_per_step, seed=ppo.seed, shuffle=config.data.shuffle, max_epochs=max_epochs
+    )
+    if not settings.enabled:
+        return SyncBatchSource(stream, rollout)
+
+    def group_rollout(group_rows: list[dict[str, Any]], draw_ids: list[int]) -> list[list[Trajectory]]:
+        # One prompt group per call: its draw id is its group id, unique across epochs and resumes.
+        return [rollout([row], draw_id) for row, draw_id in zip(group_rows, draw_ids, strict=True)]
+
+    return build_async_source(
+        stream,
+        group_rollout,
+        num_prompts_per_step=ppo.num_prompts_per_step,
+        start_step=start_step,
+        policy_training_start_step=ppo.policy_training_start_step,
+        max_trajectory_age_steps=settings.max_trajectory_age_steps,
+        warmup_max_trajectory_age_steps=settings.warmup_max_trajectory_age_steps,
+        in_flight_weight_updates=settings.in_flight_weight_updates,
+        drop_incomplete_targets_on_restore=settings.drop_incomplete_targets_on_restore,
+        watchdog_timeout_s=settings.watchdog_timeout_s,
+    )
+
+
 def _data(config: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     data = config.data
     rows = load_rows(data.train_path, prompt_key=data.prompt_key, messages_key=data.messages_key)
@@ -219,8 +255,6 @@ def _host_options(device: str, num_gpus: float, max_concurrency: int = 1) -> Hos
 
 def check_supported(config: RunConfig) -> None:
     """Fail before starting anything when the config asks for a mode this version does not run yet."""
-    if config.ppo.async_ppo.enabled:
-        raise ConfigError(["ppo.async_ppo.enabled: async PPO is not implemented yet (issue #5); set it to false"])
     if config.env.should_use_nemo_gym:
         raise ConfigError(["env.should_use_nemo_gym: gym rollouts are not implemented yet (issue #6)"])
     if config.ppo.max_rollout_turns != 1:
@@ -296,13 +330,6 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
 
     generator = RemoteGenerator(generation_group)
     train_rows, validation_rows = _data(config)
-    stream = PromptStream(
-        train_rows,
-        batch_size=config.ppo.num_prompts_per_step,
-        seed=config.ppo.seed,
-        shuffle=config.data.shuffle,
-        max_epochs=config.ppo.max_num_epochs,
-    )
     rollout = _rollout_fn(config, generator, tokenizer, builders.train_sampling(config, eos))
     checkpoints = None
     if config.checkpointing.enabled:
@@ -315,6 +342,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         )
     latest = checkpoints.latest() if checkpoints is not None else None
     resume_step = load_run_state(latest).step if latest is not None else 0
+    source = _batch_source(config, train_rows, rollout, resume_step)
     return Run(
         config=config,
         run_dir=run_dir,
@@ -323,7 +351,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         value=value,
         generator=generator,
         weight_sync=weight_sync,
-        source=SyncBatchSource(stream, rollout),
+        source=source,
         validation_rows=validation_rows,
         rollout=rollout,
         validation_sampling=builders.validation_sampling(config, eos),
@@ -337,6 +365,8 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
 HEADLINE_KEYS = (
     "train/reward_mean",
     "val/reward_mean",
+    "async/buffer_size",
+    "async/avg_policy_age",
     "critic/explained_var",
     "mismatch/token_mult_prob_error",
     "timing/step",

@@ -3,7 +3,8 @@
     build_run -> restore -> [validate] -> for each step: batch = source.next_batch(step)
                                                          ppo_step(batch) -> publish weights (version step+1)
                                                          validate every val_period -> log -> checkpoint
-One loop for sync and async PPO: they differ only in the batch source (pipeline/sources.py).
+One loop for sync and async PPO: they differ only in the batch source (pipeline/sources.py), which also
+hears about each weight update (the async collector drains or pauses around it).
 """
 
 import argparse
@@ -49,7 +50,11 @@ def train(run: Run) -> None:
         output = ppo_step(run.step_settings, run.policy, run.value, batch, step)
         policy_has_trained = policy_has_trained or output.policy_trained
         metrics = {**step_batch.metrics, **output.metrics}
+        bubble_started = time.perf_counter()
+        run.source.before_weight_update()  # async: drain rollouts, or only pause new ones (in-flight updates)
         metrics.update(run.publish_policy(version=step + 1, trained=output.policy_trained))
+        run.source.after_weight_update(step + 1)  # always, also when the policy did not train (critic warm-up)
+        metrics["timing/sync_bubble"] = time.perf_counter() - bubble_started
         completed = step + 1
         if _due(ppo.val_period, completed) or (ppo.val_at_end and completed == ppo.max_num_steps):
             validation_started = time.perf_counter()

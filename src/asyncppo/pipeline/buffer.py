@@ -15,6 +15,7 @@ whose rollout already ran is therefore always accepted; blocking `add_group` ins
 the trainer is waiting for. Every draw id that leaves the buffer is written to the AccountingLedger.
 """
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from asyncppo.pipeline.ledger import AccountingLedger, AccountingReport, find_ac
 from asyncppo.pipeline.plain_state import trajectory_from_state, trajectory_to_state
 from asyncppo.pipeline.staleness import survives_until
 from asyncppo.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 # Drop reasons: every draw id that leaves the buffer untrained is recorded under one of these.
 STALE = "stale"  # older than the step's sample_max_age at take()
@@ -209,10 +212,6 @@ class TrajectoryBuffer:
         with self._condition:
             return [group.draw_id for group in self._groups]
 
-    def reserved_ids(self) -> list[int]:
-        with self._condition:
-            return sorted(self._reserved)
-
     def dropped_counts(self) -> dict[str, int]:
         with self._condition:
             return self.ledger.dropped_counts()
@@ -276,6 +275,12 @@ class TrajectoryBuffer:
         missing = {"groups", "watermark", "ledger"} - set(state)
         if missing:
             raise ValueError(f"trajectory buffer state lacks keys {sorted(missing)}")
+        if state.get("max_size", self.max_size) != self.max_size:
+            log.warning(
+                "trajectory buffer max_size changed from %s to %s: the new size applies",
+                state["max_size"],
+                self.max_size,
+            )
         with self._condition:
             if self._groups or self._reserved:
                 raise RuntimeError("load_state_dict must run on a fresh buffer, before the collector starts")

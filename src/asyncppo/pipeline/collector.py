@@ -80,7 +80,8 @@ class Collector:
         self._num_groups_completed = 0
         self._num_failed_rollouts = 0
         self._failure: tuple[str, BaseException] | None = None
-        self._batches: Iterator[list[Row]] | None = None
+        self._batches: Iterator[list[Row]] | None = None  # only the loop thread touches the stream
+        self._drawing_since: float | None = None  # set while the loop reads the stream outside the lock
         self._batches_this_epoch = 0
         self._empty_epochs_in_a_row = 0
         buffer.add_listener(self._wake)
@@ -151,8 +152,12 @@ class Collector:
 
     @contextmanager
     def frozen(self) -> Generator[None]:
-        """Hold the collector still (no draws, starts or completions) so several states can be read atomically."""
+        """Hold the collector still (no draws, starts or completions) so several states can be read atomically.
+
+        Waits (up to drain_timeout_s, then StallError) for a draw from the prompt stream to finish."""
         with self._condition:
+            if not self._condition.wait_for(lambda: self._drawing_since is None, timeout=self._drain_timeout_s):
+                raise StallError(f"the prompt stream returned no batch within {self._drain_timeout_s} s")
             yield
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -180,9 +185,32 @@ class Collector:
                     work = self._wait_for_work()
                     if work is None:
                         return
-                    self._start_rollouts(*work)
+                    target, count = work
+                    if len(self._pending) >= count:
+                        self._start_rollouts(target, count)
+                        continue
+                    self._drawing_since = time.monotonic()
+                self._draw_batch()
         except Exception as error:  # the failure channel: recorded for the driver, never swallowed
             self._record_failure(f"collector loop raised {type(error).__name__}: {error}", error)
+
+    def _draw_batch(self) -> None:
+        """Append the stream's next batch to `pending`, giving each row the next draw id.
+
+        The stream is read without the lock, so a slow dataset never blocks the driver (take() wakes the
+        collector through the lock); state_dict waits for `_drawing_since` to clear, so the stream position and
+        `pending` are always read together.
+        """
+        rows: list[Row] = []
+        try:
+            rows = self._next_rows()
+        finally:
+            with self._condition:
+                for row in rows:
+                    self._pending.append((self._next_draw_id, row))
+                    self._next_draw_id += 1
+                self._drawing_since = None
+                self._condition.notify_all()
 
     def _wait_for_work(self) -> tuple[int, int] | None:
         """(target, number of groups to start), or None when stopping. Re-checks after every wake or timeout."""
@@ -197,23 +225,16 @@ class Collector:
         return None
 
     def _start_rollouts(self, target: int, count: int) -> None:
-        draws = self._draw(count)
-        if not self._buffer.reserve(target, self._version, [draw_id for draw_id, _ in draws]):
+        # Reserve before popping: if the buffer refused, the rows would otherwise vanish from the accounting.
+        if not self._buffer.reserve(target, self._version, [self._pending[index][0] for index in range(count)]):
             raise RuntimeError(f"buffer refused {count} groups for target {target} that it reported as needed")
+        draws = [self._pending.popleft() for _ in range(count)]
         for draw_id, row in draws:
             self._running[draw_id] = _InFlight(row, target, self._version)
             thread = threading.Thread(target=self._run_rollout, args=(draw_id, row), name=f"rollout-{draw_id}")
             thread.daemon = True  # a hung rollout must not keep the process alive after stop()
             self._threads.add(thread)
             thread.start()
-
-    def _draw(self, count: int) -> list[tuple[int, Row]]:
-        """The first `count` pending rows, drawing whole batches from the stream; leftovers stay pending."""
-        while len(self._pending) < count:
-            for row in self._next_rows():
-                self._pending.append((self._next_draw_id, row))
-                self._next_draw_id += 1
-        return [self._pending.popleft() for _ in range(count)]
 
     def _next_rows(self) -> list[Row]:
         """The next batch, cycling epochs; two epochs in a row without a batch mean there is nothing to draw."""
@@ -230,7 +251,8 @@ class Collector:
                 return list(batch)
             # A resumed stream may yield nothing in its first epoch (restored at the epoch's end); only a second
             # empty epoch in a row means the data is gone.
-            self._empty_epochs_in_a_row += 1 if self._batches_this_epoch == 0 else 0
+            if self._batches_this_epoch == 0:
+                self._empty_epochs_in_a_row += 1
             self._batches = None
             if self._empty_epochs_in_a_row >= 2:
                 raise CollectorError(
@@ -304,16 +326,18 @@ class Collector:
         with self._condition:
             in_flight = {draw_id: info.target for draw_id, info in sorted(self._running.items())[:20]}
             alive = self._loop_thread is not None and self._loop_thread.is_alive()
+            drawing = "no" if self._drawing_since is None else f"for {time.monotonic() - self._drawing_since:.1f} s"
             return (
                 f"collector: weight version {self._version} (initial {self.initial_version}), "
-                f"paused {self._paused}, loop running {alive}, {len(self._running)} rollouts in flight "
+                f"paused {self._paused}, loop running {alive}, drawing prompts {drawing}, "
+                f"{len(self._running)} rollouts in flight "
                 f"(draw id -> target: {in_flight}), {len(self._pending)} rows waiting, "
                 f"next draw id {self._next_draw_id}, failure: {self._failure[0] if self._failure else None}"
             )
 
     def state_dict(self) -> dict[str, Any]:
         """Prompt stream position, every drawn-but-unbuffered row with its draw id, and counters (plain data)."""
-        with self._condition:
+        with self.frozen():
             unfinished = [*self._pending, *((draw_id, info.row) for draw_id, info in self._running.items())]
             unfinished.sort(key=lambda item: item[0])
             for draw_id, row in unfinished:
