@@ -5,6 +5,8 @@
 The driver (`cli/train.py`) calls its methods in order; `close()` ends every process the run started.
 """
 
+import dataclasses
+import json
 import logging
 import math
 from collections.abc import Sequence
@@ -41,12 +43,13 @@ from asyncppo.workers.remote import RemoteGenerator, RemotePolicy, RemoteValue, 
 
 log = logging.getLogger(__name__)
 WORKER_CALL_TIMEOUT_S = 3600.0
-POLICY_DIR, VALUE_DIR, SOURCE_STATE_FILE, RNG_STATE_FILE, CONFIG_FILE = (
+POLICY_DIR, VALUE_DIR, SOURCE_STATE_FILE, RNG_STATE_FILE, CONFIG_FILE, ACCOUNTING_FILE = (
     "policy",
     "value",
     "batch_source.pt",
     "rng.pt",
     "config.yaml",
+    "accounting.json",
 )
 
 
@@ -145,6 +148,10 @@ class Run:
             self.value.group.call(0, "save", str(directory / VALUE_DIR))
         source_state = self.source.state_dict()
         save_state(directory / SOURCE_STATE_FILE, source_state)
+        accounting = getattr(self.source, "accounting", None)
+        if accounting is not None:
+            # The run's own books: every prompt drawn is trained, dropped with a reason, buffered or pending.
+            (directory / ACCOUNTING_FILE).write_text(json.dumps(dataclasses.asdict(accounting()), indent=1))
         save_state(directory / RNG_STATE_FILE, save_rng_state())
         # Where the critic's first weights came from stays on record in every checkpoint of the run.
         warm_start = self.config.value.warm_start_path if self.config.value is not None else None

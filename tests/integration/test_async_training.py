@@ -1,0 +1,109 @@
+"""Async PPO end to end: a run killed with SIGKILL at random moments and resumed each time completes, with
+every prompt it drew trained exactly once or dropped with a reason (checked from the run's own books)."""
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from asyncppo.metrics import read_metrics_jsonl
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+HERE = Path(__file__).parent
+NUM_KILLS = 5
+STEPS = 80  # tiny steps take ~0.15 s: enough that five kills land before the end
+
+
+def _session_processes(session_id: int) -> list[int]:
+    """PIDs of the processes in the session the test started (the driver, Ray's daemons and workers)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == session_id:  # field 6 of /proc/PID/stat: the session id
+                pids.append(int(entry.name))
+    return pids
+
+
+def _kill_session(session_id: int) -> None:
+    for pid in _session_processes(session_id):
+        with contextlib.suppress(ProcessLookupError):  # it may have exited since it was listed
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _session_processes(session_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _start(config: Path, run_dir: Path, cache_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "ASYNCPPO_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(HERE)}
+    with log.open("ab") as out:
+        # A new session holds the driver and every process Ray starts for it, so the test can end exactly those.
+        return subprocess.Popen(
+            [sys.executable, "-m", "asyncppo", "train", str(config), "--run-dir", str(run_dir)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def _completed_steps(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(read_metrics_jsonl(path)) if path.exists() else 0
+
+
+def test_async_run_killed_five_times_loses_and_repeats_no_prompt(
+    cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+):
+    tree = tiny_run_tree(data_dir, max_num_steps=STEPS, val_at_end=False)
+    tree["generation"]["colocated"] = {"enabled": False}
+    tree["loss_fn"] = {"use_importance_sampling_correction": True}
+    tree["ppo"]["async_ppo"] = {"enabled": True, "max_trajectory_age_steps": 2, "watchdog_timeout_s": 120}
+    config, run_dir, log = tmp_path / "run.yaml", tmp_path / "run", tmp_path / "driver.log"
+    config.write_text(yaml.safe_dump(tree))
+    chooser = random.Random(1234)
+
+    for kill in range(NUM_KILLS):
+        before = _completed_steps(run_dir)
+        process = _start(config, run_dir, cache_dir, log)
+        try:
+            # Let it get past start-up and train at least one more step, then kill at a random moment.
+            deadline = time.monotonic() + 180
+            while _completed_steps(run_dir) <= before and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert process.poll() is None, f"run {kill} exited early:\n{log.read_text()[-3000:]}"
+            time.sleep(chooser.uniform(0.0, 1.0))
+        finally:
+            _kill_session(process.pid)
+        assert _completed_steps(run_dir) < STEPS, "the run finished before it could be killed; lower the waits"
+
+    process = _start(config, run_dir, cache_dir, log)
+    try:
+        assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        _kill_session(process.pid)
+
+    metrics = read_metrics_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))  # every step once, none repeated
+    assert max(m["async/max_policy_age"] for m in metrics) <= 2  # never past the staleness window
+    books = json.loads((run_dir / "checkpoints" / f"step_{STEPS}" / "accounting.json").read_text())
+    assert books["problems"] == []
+    trained = sum(end - start for start, end in books["trained"])
+    assert trained == STEPS * tree["ppo"]["num_prompts_per_step"]
+    dropped = sum(end - start for ranges in books["dropped"].values() for start, end in ranges)
+    # Every drawn id is trained, dropped with a reason, or still waiting in the buffer / pending list.
+    assert trained + dropped + len(books["buffered"]) + len(books["pending"]) == books["next_draw_id"]
+    assert log.read_text().count("resumed from") == NUM_KILLS
