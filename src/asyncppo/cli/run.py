@@ -317,7 +317,9 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
                     builders.generator_factory(config, paths, device, engine, rank)
                     for rank in range(config.generation.num_workers)
                 ],
-                _host_options(device, 1 if gpu else 0, max_concurrency=8),
+                # Every concurrent rollout must reach the engine's queue to share its batches: with fewer actor
+                # threads than in-flight groups, Ray queues the calls and batches shrink to the thread count.
+                _host_options(device, 1 if gpu else 0, max_concurrency=max(64, 2 * config.generation.max_batch_size)),
                 WORKER_CALL_TIMEOUT_S,
             )
             groups.append(generation_group)
