@@ -9,8 +9,6 @@ builder calls `ensure_arithmetic_policy` (cached build, reused after). Letters: 
 import hashlib
 import json
 import math
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ from asyncppo.data.arithmetic import (
     make_demonstrations,
 )
 from asyncppo.data.rows import prompt_messages
+from asyncppo.models.build_cache import build_once
 from asyncppo.models.tiny import TINY, TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 
 # Bump when the warm-up procedure changes in a way the recipe does not capture, so caches rebuild.
@@ -212,46 +211,35 @@ def answer_accuracy(
 def ensure_arithmetic_policy(cache_dir: str | Path, recipe: WarmupRecipe = ARITHMETIC_RECIPE) -> Path:
     """Directory of the warmed-up demo policy (model + tokenizer) under `cache_dir`, built on first use.
 
-    Named `arithmetic-<fingerprint>`; built in a temporary sibling and renamed when complete, so a crash
-    never leaves a half-written model and a changed recipe gets a fresh directory. `warmup.json` in it
-    records the recipe, the build time and the validation accuracy measured right after the warm-up.
+    Named `arithmetic-<fingerprint>`, so a changed recipe gets a fresh directory; `build_once` makes sure a
+    crash never leaves a half-written model. `warmup.json` in it records the recipe, the build time and the
+    validation accuracy measured right after the warm-up.
     """
-    cache_dir = Path(cache_dir)
-    final = cache_dir / f"arithmetic-{arithmetic_fingerprint(recipe)}"
-    if final.is_dir():
-        return final
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".arithmetic-building-", dir=cache_dir))
-    try:
-        started = time.perf_counter()
-        tokenizer = build_tiny_tokenizer(recipe.spec.vocab_size)
-        model = build_tiny_model(recipe.spec)
-        # Training draws nothing from the global RNG today; forking keeps that true for callers if it changes.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(recipe.seed)
-            final_loss = warm_up(model, tokenizer, recipe)
-        seconds = time.perf_counter() - started
-        _, validation = make_arithmetic_splits(recipe.num_validation, recipe.split_seed, recipe.max_operand)
-        rows = [problem.row() for problem in validation]
-        sampled = answer_accuracy(model, tokenizer, rows, do_sample=True)
-        greedy = answer_accuracy(model, tokenizer, rows, do_sample=False)
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        report = {
-            "recipe": asdict(recipe),
-            "build_version": BUILD_VERSION,
-            "warmup_seconds": round(seconds, 2),
-            "final_loss": round(final_loss, 4),
-            "validation_sampled": asdict(sampled),
-            "validation_greedy": asdict(greedy),
-        }
-        (staging / "warmup.json").write_text(json.dumps(report, indent=2) + "\n")
-        try:
-            staging.rename(final)
-        except OSError:
-            # Another process finished the same build first; keep its copy.
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+    final = Path(cache_dir) / f"arithmetic-{arithmetic_fingerprint(recipe)}"
+    return build_once(final, lambda staging: _build_arithmetic_policy(staging, recipe))
+
+
+def _build_arithmetic_policy(directory: Path, recipe: WarmupRecipe) -> None:
+    started = time.perf_counter()
+    tokenizer = build_tiny_tokenizer(recipe.spec.vocab_size)
+    model = build_tiny_model(recipe.spec)
+    # Training draws nothing from the global RNG today; forking keeps that true for callers if it changes.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.seed)
+        final_loss = warm_up(model, tokenizer, recipe)
+    seconds = time.perf_counter() - started
+    _, validation = make_arithmetic_splits(recipe.num_validation, recipe.split_seed, recipe.max_operand)
+    rows = [problem.row() for problem in validation]
+    sampled = answer_accuracy(model, tokenizer, rows, do_sample=True)
+    greedy = answer_accuracy(model, tokenizer, rows, do_sample=False)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    report = {
+        "recipe": asdict(recipe),
+        "build_version": BUILD_VERSION,
+        "warmup_seconds": round(seconds, 2),
+        "final_loss": round(final_loss, 4),
+        "validation_sampled": asdict(sampled),
+        "validation_greedy": asdict(greedy),
+    }
+    (directory / "warmup.json").write_text(json.dumps(report, indent=2) + "\n")

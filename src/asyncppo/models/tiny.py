@@ -8,8 +8,6 @@ Tests and the CPU demo call `ensure_tiny` (cached build) or `build_tiny_model` /
 import hashlib
 import json
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from asyncppo.models.build_cache import build_once
 from asyncppo.models.chat_template import CHAT_TEMPLATE, IM_END, PAD_TOKEN, SPECIAL_TOKENS
 
 
@@ -198,27 +197,12 @@ def build_fingerprint(spec: TinyModelSpec) -> str:
 def ensure_tiny(cache_dir: str | Path, preset_name: str) -> Path:
     """Path of the preset's model directory under `cache_dir`, built on first use and reused after.
 
-    The directory is named `<preset>-<fingerprint>`, so a changed preset or build gets a fresh directory.
-
-    The build goes to a temporary sibling directory renamed into place when complete, so a crash never
-    leaves a half-written model at the final path.
+    The directory is named `<preset>-<fingerprint>`, so a changed preset or build gets a fresh directory;
+    `build_once` makes sure a crash never leaves a half-written model at that path.
     """
     if preset_name not in PRESETS:
         raise ValueError(f"unknown tiny model preset {preset_name!r}; expected one of {sorted(PRESETS)}")
-    cache_dir = Path(cache_dir)
-    final = cache_dir / f"{preset_name}-{build_fingerprint(PRESETS[preset_name])}"
-    if final.is_dir():
-        return final
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{preset_name}-building-", dir=cache_dir))
-    try:
-        save_tiny(staging, PRESETS[preset_name])
-        try:
-            staging.rename(final)
-        except OSError:
-            # Another process finished the same build first; its copy is identical, keep it.
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+    spec = PRESETS[preset_name]
+    final = Path(cache_dir) / f"{preset_name}-{build_fingerprint(spec)}"
+    # save_tiny is looked up when the build runs, so tests can make it fail part-way.
+    return build_once(final, lambda staging: save_tiny(staging, spec))

@@ -1,0 +1,29 @@
+"""Build-once directories: a model built into a temporary sibling and renamed into place when complete.
+
+Used by `tiny.ensure_tiny` and `demo_policy.ensure_arithmetic_policy`; a crash never leaves a half-written
+model at the final path, and two processes racing on the same build keep whichever finished first.
+"""
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def build_once(final: Path, build: Callable[[Path], object]) -> Path:
+    """`final` if it exists, else `build(staging)` into a temporary sibling renamed to `final`."""
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-building-", dir=final.parent))
+    try:
+        build(staging)
+        try:
+            staging.rename(final)
+        except OSError:
+            # Another process finished the same build first; its copy is built the same way, keep it.
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
