@@ -1,0 +1,132 @@
+"""Chat messages to the exact prompt token ids, and generated text back to content and tool calls.
+
+Called by the policy server (`gym/policy_server.py`). The prefix splice keeps a multi-turn conversation
+token-exact (gym-protocol.md 4.3): earlier turns enter the prompt as the ids the engine saw and sampled, not as
+a re-rendering of their decoded text.
+"""
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from asyncppo.gym.protocol import FunctionCall, RequestMessage, ToolCall
+
+
+class PromptError(ValueError):
+    """The messages cannot be turned into a prompt (the server answers 400 with this message)."""
+
+
+def template_messages(messages: Sequence[RequestMessage]) -> list[dict[str, Any]]:
+    """Plain dicts for the chat template, without the token fields (the template renders text only)."""
+    rendered = []
+    for message in messages:
+        entry: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+        if message.tool_calls:
+            entry["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        rendered.append(entry)
+    return rendered
+
+
+def render_tokens(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[RequestMessage],
+    tools: list[dict[str, Any]] | None,
+    add_generation_prompt: bool,
+) -> list[int]:
+    """Token ids of the conversation rendered by the tokenizer's chat template (no re-added special tokens)."""
+    template_tools: list[Any] | None = list(tools) if tools is not None else None
+    text = tokenizer.apply_chat_template(
+        template_messages(messages), tools=template_tools, add_generation_prompt=add_generation_prompt, tokenize=False
+    )
+    assert isinstance(text, str)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def build_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[RequestMessage],
+    tools: list[dict[str, Any]] | None,
+    eos_token_id: int,
+    required_prefix_token_ids: Sequence[int] | None = None,
+) -> list[int]:
+    """Prompt ids for the next assistant turn: the template's rendering with earlier turns' exact tokens spliced in.
+
+    Splice rule (NeMo-RL's on-policy prefix repair):
+    - prefix = `required_prefix_token_ids` if given, else prompt_token_ids + generation_token_ids of the LAST
+      message that carries them (that model call saw and produced exactly these ids). No prefix: plain render.
+    - full = render(all messages, generation prompt); partial = render(messages up to and including the last
+      assistant message, no generation prompt). N = number of EOS ids in partial.
+    - result = prefix (minus one trailing EOS) + full from its N-th EOS onward.
+    The cut counts EOS ids instead of positions, so a template that re-renders an earlier turn differently
+    (whitespace around tool-call tags, arguments re-serialized, reasoning dropped) cannot shift it. Everything
+    after the cut (the closing EOS, tool results, the new generation prompt) comes from the template.
+    """
+    full = render_tokens(tokenizer, messages, tools, add_generation_prompt=True)
+    prefix = list(required_prefix_token_ids) if required_prefix_token_ids is not None else None
+    carriers = [index for index, message in enumerate(messages) if message.has_tokens]
+    if prefix is None and carriers:
+        last = messages[carriers[-1]]
+        assert last.prompt_token_ids is not None and last.generation_token_ids is not None
+        prefix = last.prompt_token_ids + last.generation_token_ids
+    if prefix is None:
+        return full
+    assistants = [index for index, message in enumerate(messages) if message.role == "assistant"]
+    if not assistants:
+        raise PromptError("required_prefix_token_ids is set but the conversation has no assistant message")
+    partial = render_tokens(tokenizer, messages[: assistants[-1] + 1], tools, add_generation_prompt=False)
+    num_eos = partial.count(eos_token_id)
+    eos_positions = [position for position, token in enumerate(full) if token == eos_token_id]
+    if num_eos == 0 or len(eos_positions) < num_eos:
+        raise PromptError(
+            f"cannot splice the earlier turns' tokens: the conversation up to the last assistant message renders "
+            f"{num_eos} end-of-turn tokens and the full one {len(eos_positions)} (history must be monotonic)"
+        )
+    if prefix and prefix[-1] == eos_token_id:
+        prefix = prefix[:-1]
+    return prefix + full[eos_positions[num_eos - 1] :]
+
+
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse_generation(text: str) -> tuple[str, list[ToolCall]]:
+    """(content, tool calls) of generated text, EOS already removed.
+
+    Each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block whose body is a JSON object with a
+    string `name` becomes a ToolCall (arguments re-serialized as a JSON string, id `call_<hex>`) and is cut from
+    the content; a malformed block stays in the content as text, so nothing the model wrote is lost.
+    """
+    tool_calls: list[ToolCall] = []
+    kept: list[str] = []
+    position = 0
+    for match in _TOOL_CALL_BLOCK.finditer(text):
+        call = _parse_call(match.group(1))
+        if call is None:
+            continue
+        kept.append(text[position : match.start()])
+        position = match.end()
+        tool_calls.append(call)
+    kept.append(text[position:])
+    content = "".join(kept)
+    # The template joins content and each call with a newline; drop those separators, not the model's text.
+    return (content.strip() if tool_calls else content), tool_calls
+
+
+def _parse_call(body: str) -> ToolCall | None:
+    try:
+        parsed = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+        return None
+    arguments = parsed.get("arguments", {})
+    arguments_text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(
+        id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=parsed["name"], arguments=arguments_text)
+    )

@@ -1,0 +1,259 @@
+"""The policy HTTP server: an OpenAI-compatible FastAPI app in front of a Generator, plus a uvicorn runner.
+
+Gym agents (through Gym's `vllm_model`) call it for every model turn; the trainer or `asyncppo gym serve`
+starts it. Contract: gym-protocol.md 2.5 and 4.2.
+
+    POST /v1/chat/completions --> check sampling profile --> build_prompt (prefix splice) --> Generator.submit
+         <-- message {content, tool_calls, prompt_token_ids, generation_token_ids, generation_log_probs}
+"""
+
+import asyncio
+import math
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from transformers import PreTrainedTokenizerBase
+
+from asyncppo.generation.protocol import GenerationRequest, GeneratorClosedError, SamplingParams
+from asyncppo.generation.protocol import Generator as GeneratorProtocol
+from asyncppo.gym.chat_prompt import PromptError, build_prompt, parse_generation, render_tokens
+from asyncppo.gym.protocol import (
+    OFF_POLICY_KNOBS,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    Choice,
+    ResponseMessage,
+    TokenizeRequest,
+    TokenizeResponse,
+    Usage,
+)
+
+LOGPROB_FLOOR = -9999.0
+"""Logprobs below this (and -inf) are reported as it, so the JSON never carries -Infinity."""
+
+SamplingProfile = tuple[float, float]
+"""(temperature, top_p); temperature 0 means greedy decoding."""
+
+
+class RequestError(Exception):
+    """A request the server refuses; answered as an OpenAI error body with `status`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error_response(status: int, message: str) -> JSONResponse:
+    error_type = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": error_type, "code": status}}, status_code=status)
+
+
+def check_sampling(request: ChatCompletionRequest, train: SamplingProfile, validation: SamplingProfile) -> None:
+    """RequestError(400) unless the request samples exactly as the train or the validation profile does.
+
+    Agents issue their own requests, so this is the one place that keeps sampling on-policy (4.2 item 5).
+    """
+    if request.top_k is not None and request.top_k != -1:
+        raise RequestError(400, f"top_k={request.top_k} is not allowed: leave it unset or -1")
+    for name, neutral in OFF_POLICY_KNOBS.items():
+        if getattr(request, name) not in neutral:
+            raise RequestError(400, f"{name}={getattr(request, name)!r} is not supported: it would change sampling")
+    if request.n != 1 or request.stream:
+        raise RequestError(400, f"only n=1 without streaming is served, got n={request.n}, stream={request.stream}")
+    if request.top_logprobs:
+        raise RequestError(400, f"top_logprobs={request.top_logprobs} is not served; use 0 or leave it unset")
+    profiles = f"train (temperature, top_p) = {train}, validation = {validation}"
+    if request.temperature is None or request.top_p is None:
+        raise RequestError(400, f"temperature and top_p must both be set explicitly to a profile: {profiles}")
+    pair = (request.temperature, request.top_p)
+    if pair != tuple(train) and pair != tuple(validation):
+        raise RequestError(400, f"(temperature, top_p) = {pair} matches no sampling profile: {profiles}")
+
+
+def sampling_params_for(temperature: float, top_p: float, max_new_tokens: int) -> SamplingParams:
+    """The engine's SamplingParams for a checked profile; temperature 0 decodes greedily."""
+    if temperature == 0:
+        return SamplingParams(temperature=1.0, top_p=top_p, max_new_tokens=max_new_tokens, greedy=True)
+    return SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+
+
+def output_budget(request: ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int) -> int:
+    """max_tokens clamped so prompt + output <= max_model_len; RequestError(400) for a prompt with no room."""
+    room = max_model_len - num_prompt_tokens
+    if room < 1:
+        raise RequestError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{num_prompt_tokens} tokens, which leaves no room to generate",
+        )
+    limits = [limit for limit in (request.max_tokens, request.max_completion_tokens) if limit is not None]
+    if any(limit < 1 for limit in limits):
+        raise RequestError(400, f"max_tokens must be >= 1, got {min(limits)}")
+    return min([room, *limits])
+
+
+def create_policy_app(
+    generator: GeneratorProtocol,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    model_name: str,
+    train_sampling: SamplingProfile,
+    validation_sampling: SamplingProfile,
+    max_model_len: int,
+    api_key: str | None,
+) -> FastAPI:
+    """The FastAPI app serving `generator` under `model_name` (routes: module docstring and gym-protocol.md 2.5).
+
+    Handlers never block the event loop on the engine: they await the Generator's future, so concurrent HTTP
+    requests are queued together and share the engine's batches. `api_key` (when set) is required as
+    `Authorization: Bearer <key>` on every route but GET /health (readiness probes carry no key).
+    """
+    eos_token_id = tokenizer.eos_token_id
+    if not isinstance(eos_token_id, int):
+        raise ValueError("the tokenizer has no eos_token_id; the prefix splice counts end-of-turn tokens with it")
+    if max_model_len < 2:
+        raise ValueError(f"max_model_len={max_model_len} must be >= 2")
+    app = FastAPI(title=f"asyncppo policy server ({model_name})")
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_: Request, error: RequestError) -> JSONResponse:
+        return _error_response(error.status, error.message)
+
+    @app.middleware("http")
+    async def _check_api_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if api_key is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return _error_response(401, "missing or wrong API key (send Authorization: Bearer <key>)")
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, object]:
+        card = {"id": model_name, "object": "model", "owned_by": "asyncppo", "max_model_len": max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        if body.messages is not None:
+            tokens = render_tokens(tokenizer, body.messages, body.tools, body.add_generation_prompt)
+        else:
+            assert body.prompt is not None
+            tokens = list(tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+        return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=max_model_len)
+
+    @app.post("/v1/chat/completions", response_model_exclude_none=True)
+    async def chat_completions(body: ChatCompletionRequest) -> ChatCompletionResponse:
+        if body.model != model_name:
+            raise RequestError(404, f"model {body.model!r} is not served here; this server serves {model_name!r}")
+        check_sampling(body, train_sampling, validation_sampling)
+        assert body.temperature is not None and body.top_p is not None  # check_sampling requires both
+        try:
+            prompt = build_prompt(tokenizer, body.messages, body.tools, eos_token_id, body.required_prefix_token_ids)
+        except PromptError as error:
+            raise RequestError(400, str(error)) from error
+        budget = output_budget(body, len(prompt), max_model_len)
+        sampling = sampling_params_for(body.temperature, body.top_p, max_new_tokens=budget)
+        try:
+            result = await asyncio.wrap_future(generator.submit(GenerationRequest(tuple(prompt), sampling)))
+        except GeneratorClosedError as error:
+            raise RequestError(503, f"the generation engine is closed: {error}") from error
+        except ValueError as error:  # the engine's own request checks (token ids outside the vocabulary, ...)
+            raise RequestError(400, str(error)) from error
+        generated = list(result.token_ids)
+        text_ids = generated[:-1] if generated and generated[-1] == eos_token_id else generated
+        text = tokenizer.decode(text_ids, skip_special_tokens=False)
+        assert isinstance(text, str)  # one sequence in, one string out
+        content, tool_calls = parse_generation(text)
+        finish_reason = "length" if result.finish_reason == "length" else ("tool_calls" if tool_calls else "stop")
+        message = ResponseMessage(
+            content=content,
+            tool_calls=tool_calls or None,
+            prompt_token_ids=prompt,
+            generation_token_ids=generated,
+            generation_log_probs=[_floored(logprob) for logprob in result.logprobs],
+        )
+        return ChatCompletionResponse(
+            id=f"chatcmpl-{secrets.token_hex(12)}",
+            created=int(time.time()),
+            model=model_name,
+            choices=[Choice(message=message, finish_reason=finish_reason)],
+            usage=Usage(
+                prompt_tokens=len(prompt), completion_tokens=len(generated), total_tokens=len(prompt) + len(generated)
+            ),
+        )
+
+    return app
+
+
+def _floored(logprob: float) -> float:
+    return LOGPROB_FLOOR if math.isinf(logprob) or logprob < LOGPROB_FLOOR else logprob
+
+
+class PolicyServer:
+    """Runs an app with uvicorn on a background thread, on a port reserved at construction.
+
+    The listening socket is bound in __init__, so `url` can be handed to Gym before the model is loaded and
+    start() is called (4.2 item 7: clients then wait on a port that exists). start() returns once GET /health
+    answers; stop() shuts uvicorn down, joins the thread and closes the socket, freeing the port.
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._socket = socket.create_server((host, port))
+        self._host, self._port = host, self._socket.getsockname()[1]
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name=f"policy-server-{self._port}", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        """Base URL of the OpenAI routes, e.g. http://127.0.0.1:PORT/v1 (root routes drop the /v1)."""
+        return f"http://{self._host}:{self._port}/v1"
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start serving and wait until /health answers; RuntimeError if it does not within `timeout_s`."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the policy server thread exited while starting on port {self._port}")
+            try:
+                if httpx.get(f"http://{self._host}:{self._port}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:  # not accepting yet; polling until the deadline is the point
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the policy server on port {self._port} did not answer /health within {timeout_s} s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop accepting, let in-flight requests finish, join the thread and release the port."""
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise RuntimeError(f"the policy server on port {self._port} did not stop within {timeout_s} s")
+        self._socket.close()
+
+    def __enter__(self) -> "PolicyServer":
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
