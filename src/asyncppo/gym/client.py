@@ -1,0 +1,273 @@
+"""GymClient: runs rollouts on NeMo-Gym agent servers over HTTP (`POST /run`) and returns them as Trajectories.
+
+Called by the rollout workers; conversion of one result lives in `gym/results.py`.
+
+    run_group(row, G) --G tasks--> run(row) --semaphore--> [POST {agent}/run, retry on 5xx/408/429/drop]
+                                                                 |  (all under one per-rollout deadline)
+                       list[Trajectory] <-- trajectory_from_result(result, row=own copy)
+
+An asyncio httpx client (not threads): a rollout spends minutes waiting on one socket, so hundreds of them
+in flight cost one event loop instead of hundreds of threads, and `asyncio.timeout` gives a deadline that
+also cancels the backoff sleeps. Gym's own loops retry forever (gym-protocol.md 5.1); here every retry,
+wait and failure is bounded, and counted in `metrics()`.
+"""
+
+import asyncio
+import copy
+import json
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import yaml
+
+from asyncppo.gym.results import quote, trajectory_from_result
+from asyncppo.rollout.trajectory import Trajectory
+
+# Statuses after which the agent may well succeed on a rerun (infrastructure, not data; gym-protocol.md 5.1).
+RETRYABLE_STATUSES = frozenset({408, 429})
+# Seconds a head server may take to answer the config lookup.
+HEAD_SERVER_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class SamplingProfile:
+    """The sampling pair the policy server enforces; stamped into every row's `responses_create_params`."""
+
+    temperature: float
+    top_p: float
+
+
+class GymRolloutError(RuntimeError):
+    """A `/run` call that did not produce a usable result."""
+
+
+class AgentHTTPError(GymRolloutError):
+    """The agent answered with an error status; `status` and the start of the body are in the message."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AgentConnectionError(GymRolloutError):
+    """The connection to the agent failed or dropped before a complete answer."""
+
+
+class MalformedResultError(GymRolloutError):
+    """The agent answered 200 with a body that is not a JSON object."""
+
+
+class RolloutDeadlineError(GymRolloutError, TimeoutError):
+    """A rollout (retries included) ran past its deadline."""
+
+
+class GymClient:
+    """Sends dataset rows to gym agents and converts the results; use as an async context manager or `aclose()`."""
+
+    def __init__(
+        self,
+        agent_urls: Mapping[str, str] | None,
+        head_server_url: str | None,
+        *,
+        max_concurrency: int,
+        rollout_deadline_s: float,
+        max_retries: int,
+        backoff_s: float,
+        train_sampling: SamplingProfile,
+        validation_sampling: SamplingProfile,
+        max_output_tokens: int,
+    ) -> None:
+        if (agent_urls is None) == (head_server_url is None):
+            raise ValueError("GymClient: give exactly one of agent_urls and head_server_url")
+        if max_concurrency < 1 or rollout_deadline_s <= 0 or max_retries < 0 or backoff_s < 0 or max_output_tokens < 1:
+            raise ValueError(
+                f"GymClient: need max_concurrency >= 1 (got {max_concurrency}), rollout_deadline_s > 0 "
+                f"({rollout_deadline_s}), max_retries >= 0 ({max_retries}), backoff_s >= 0 ({backoff_s}) and "
+                f"max_output_tokens >= 1 ({max_output_tokens})"
+            )
+        self._agent_urls = {name: url.rstrip("/") for name, url in agent_urls.items()} if agent_urls else None
+        self._head_server_url = head_server_url.rstrip("/") if head_server_url else None
+        self._rollout_deadline_s = rollout_deadline_s
+        self._max_retries = max_retries
+        self._backoff_s = backoff_s
+        self._train_sampling = train_sampling
+        self._validation_sampling = validation_sampling
+        self._max_output_tokens = max_output_tokens
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._resolve_lock = asyncio.Lock()
+        # No transport timeout: a rollout legitimately holds one request for minutes; the deadline bounds it.
+        self._http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=max_concurrency))
+        self._counters: Counter[str] = Counter()
+
+    async def __aenter__(self) -> "GymClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since construction: rollouts started/succeeded, retries, deadline misses, `failures/<kind>`
+        (one per failed attempt; kinds `connection`, `http_<status>`, `malformed_json`, `deadline`)."""
+        return {f"gym/{name}": float(count) for name, count in sorted(self._counters.items())}
+
+    async def agent_urls(self) -> dict[str, str]:
+        """Agent instance name -> base URL; fetched once from the head server when not given directly."""
+        async with self._resolve_lock:
+            if self._agent_urls is None:
+                assert self._head_server_url is not None
+                self._agent_urls = await self._fetch_agent_urls(self._head_server_url)
+        return dict(self._agent_urls)
+
+    async def _fetch_agent_urls(self, head_server_url: str) -> dict[str, str]:
+        url = f"{head_server_url}/global_config_dict_yaml"
+        response = await self._http.get(url, timeout=HEAD_SERVER_TIMEOUT_S)
+        if response.status_code != 200:
+            raise AgentHTTPError(
+                f"GET {url} answered {response.status_code}: {quote(response.text)}", response.status_code
+            )
+        # The body is a JSON string whose value is the YAML text of the resolved gym config.
+        try:
+            config = yaml.safe_load(json.loads(response.text))
+        except (json.JSONDecodeError, TypeError, yaml.YAMLError) as error:
+            raise MalformedResultError(
+                f"GET {url}: not a JSON string of YAML ({error}): {quote(response.text)}"
+            ) from None
+        urls = agent_urls_from_config(config)
+        if not urls:
+            raise ValueError(f"GET {url}: the gym config lists no responses_api_agents instance")
+        return urls
+
+    async def run(self, row: Mapping[str, Any], *, validation: bool = False) -> dict[str, Any]:
+        """POST one rollout of `row` to its agent (`row.agent_ref.name`) and return the result JSON.
+
+        The caller's row is not modified: a deep copy is stamped with the sampling profile and
+        `max_output_tokens = min(row's, client's)`. The deadline starts once a concurrency slot is free.
+        """
+        body = self._request_body(row, validation)
+        agent_name, agent_url = await self._agent_for(row)
+        self._counters["rollouts_started"] += 1
+        async with self._semaphore:
+            start = time.monotonic()
+            try:
+                async with asyncio.timeout(self._rollout_deadline_s):
+                    result = await self._run_with_retries(agent_url, body)
+            except TimeoutError:
+                self._counters["deadline_misses"] += 1
+                self._counters["failures/deadline"] += 1
+                row_index = row.get("_rowidx")
+                row_text = f" row {row_index}" if row_index is not None else ""
+                raise RolloutDeadlineError(
+                    f"gym agent {agent_name!r} ({agent_url}): rollout of{row_text or ' a row'} missed its deadline "
+                    f"of {self._rollout_deadline_s} s (after {time.monotonic() - start:.1f} s, retries included)"
+                ) from None
+        self._counters["rollouts_succeeded"] += 1
+        return result
+
+    async def run_group(
+        self, row: Mapping[str, Any], num_generations: int, group_id: int, policy_version: int
+    ) -> list[Trajectory]:
+        """Run `num_generations` rollouts of one row concurrently; one Trajectory each, in sample order.
+
+        The first failing sample's error is raised (a group with a missing sample is useless to a baseline) and
+        its siblings are cancelled.
+        """
+        if num_generations < 1:
+            raise ValueError(f"run_group: num_generations must be >= 1, got {num_generations}")
+        # A TaskGroup (not gather) so that one failed sample cancels its siblings instead of leaving them running.
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self.run(row)) for _ in range(num_generations)]
+        except ExceptionGroup as failures:
+            raise failures.exceptions[0] from failures
+        results = [task.result() for task in tasks]
+        return [
+            trajectory_from_result(
+                result, row=row, group_id=group_id, sample_index=sample_index, policy_version=policy_version
+            )
+            for sample_index, result in enumerate(results)
+        ]
+
+    def _request_body(self, row: Mapping[str, Any], validation: bool) -> dict[str, Any]:
+        body = copy.deepcopy(dict(row))
+        params = body.get("responses_create_params")
+        if not isinstance(params, dict):
+            raise ValueError(f"gym row: `responses_create_params` must be an object; row starts: {quote(row)}")
+        sampling = self._validation_sampling if validation else self._train_sampling
+        row_limit = params.get("max_output_tokens")
+        params["temperature"] = sampling.temperature
+        params["top_p"] = sampling.top_p
+        params["max_output_tokens"] = min(row_limit, self._max_output_tokens) if row_limit else self._max_output_tokens
+        return body
+
+    async def _agent_for(self, row: Mapping[str, Any]) -> tuple[str, str]:
+        urls = await self.agent_urls()
+        agent_ref = row.get("agent_ref")
+        name = agent_ref.get("name") if isinstance(agent_ref, Mapping) else None
+        if name is None:
+            if len(urls) != 1:
+                raise ValueError(f"gym row has no agent_ref.name and there are {len(urls)} agents: {sorted(urls)}")
+            name = next(iter(urls))
+        if name not in urls:
+            raise ValueError(f"gym row: agent_ref.name {name!r} is not a known agent; known: {sorted(urls)}")
+        return name, urls[name]
+
+    async def _run_with_retries(self, agent_url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Rerun the whole rollout after a retryable failure, sleeping backoff_s * 2**attempt between tries."""
+        for attempt in range(self._max_retries + 1):
+            try:
+                return await self._post_run(agent_url, body)
+            except (AgentConnectionError, AgentHTTPError) as error:
+                retryable = isinstance(error, AgentConnectionError) or _is_retryable_status(error.status)
+                if not retryable or attempt == self._max_retries:
+                    raise
+                self._counters["retries"] += 1
+                await asyncio.sleep(self._backoff_s * 2**attempt)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _post_run(self, agent_url: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"{agent_url}/run"
+        try:
+            response = await self._http.post(url, json=body)
+        except httpx.TransportError as error:
+            self._counters["failures/connection"] += 1
+            raise AgentConnectionError(f"POST {url}: {type(error).__name__}: {error}") from error
+        if response.status_code != 200:
+            self._counters[f"failures/http_{response.status_code}"] += 1
+            raise AgentHTTPError(
+                f"POST {url} answered {response.status_code}: {quote(response.text)}", response.status_code
+            )
+        try:
+            result = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            self._counters["failures/malformed_json"] += 1
+            raise MalformedResultError(f"POST {url}: body is not JSON ({error}): {quote(response.text)}") from None
+        if not isinstance(result, dict):
+            self._counters["failures/malformed_json"] += 1
+            raise MalformedResultError(f"POST {url}: body is not a JSON object: {quote(response.text)}")
+        return result
+
+
+def agent_urls_from_config(config: object) -> dict[str, str]:
+    """Agent instance name -> `http://host:port`, from a resolved gym config (`name.responses_api_agents.<type>`)."""
+    urls: dict[str, str] = {}
+    if not isinstance(config, Mapping):
+        return urls
+    for name, instance in config.items():
+        agents = instance.get("responses_api_agents") if isinstance(instance, Mapping) else None
+        if not isinstance(agents, Mapping):
+            continue
+        for agent_config in agents.values():
+            if isinstance(agent_config, Mapping) and "host" in agent_config and "port" in agent_config:
+                urls[str(name)] = f"http://{agent_config['host']}:{agent_config['port']}"
+    return urls
+
+
+def _is_retryable_status(status: int) -> bool:
+    return status >= 500 or status in RETRYABLE_STATUSES

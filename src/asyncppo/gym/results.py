@@ -1,0 +1,177 @@
+"""Turn one gym `/run` result into a token-exact Trajectory (gym-protocol.md 4.4); called by `gym/client.py`.
+
+A result's `response.output` lists the items of the rollout in order. Every item with a non-empty
+`generation_token_ids` is one model call (one turn k). Its `prompt_token_ids` must start with the history
+so far (all earlier prompts and generations); the tokens beyond it are the turn's observation (loss mask 0)
+and its generation follows (loss mask 1, with its logprobs):
+
+    history:  [ prompt_0 | gen_0 | delta_1 | gen_1 | ... | delta_K-1 | gen_K-1 ]
+    roles:       user    asst   tool/user  asst          tool/user    asst
+"""
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from asyncppo.gym.protocol import TokenFields
+from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
+
+# Row fields that steer the rollout rather than describe the task; they stay out of `Trajectory.task`.
+NON_TASK_FIELDS = frozenset({"responses_create_params", "agent_ref"})
+# How much of an unusable result an error message quotes.
+QUOTE_CHARS = 200
+# Tolerance of the check that the named reward components add up to the reward.
+REWARD_SUM_TOLERANCE = 1e-6
+
+
+def quote(value: object, num_chars: int = QUOTE_CHARS) -> str:
+    """The first `num_chars` characters of `value` as JSON (or repr), for error messages."""
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, default=repr)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= num_chars else text[:num_chars] + "..."
+
+
+def trajectory_from_result(
+    result: Mapping[str, Any], *, row: Mapping[str, Any], group_id: int, sample_index: int, policy_version: int
+) -> Trajectory:
+    """Convert one `/run` result; `row` is the caller's own copy of the dataset row (results need not echo it).
+
+    Raises ValueError when the result has no model call with generated tokens (the agent died before its
+    first model request, or the first prompt overflowed the context), when a turn's prompt does not start
+    with the history so far (re-tokenisation drift, gym-protocol.md 4.3), or when a field is malformed.
+    """
+    response = result.get("response")
+    if not isinstance(response, Mapping) or not isinstance(response.get("output"), list):
+        raise ValueError(f"gym result has no response.output list; result starts: {quote(result)}")
+    token_ids: list[int] = []
+    loss_mask: list[int] = []
+    logprobs: list[float] = []
+    message_log: list[MessageSpan] = []
+    prompt_length = 0
+    last_generation: list[int] = []
+    saw_tool_output = False
+    turn = 0
+    for item in response["output"]:
+        if not isinstance(item, Mapping):
+            raise ValueError(f"gym result: output item is not an object: {quote(item)}")
+        if item.get("type") == "function_call_output":
+            saw_tool_output = True
+        if not item.get("generation_token_ids"):
+            continue  # tool outputs, token-less reasoning, empty generations: nothing the policy sampled
+        fields = TokenFields.model_validate(item)
+        assert fields.prompt_token_ids is not None and fields.generation_token_ids is not None
+        assert fields.generation_log_probs is not None
+        prompt = fields.prompt_token_ids
+        mismatch = _first_mismatch(token_ids, prompt)
+        if mismatch is not None:
+            raise ValueError(
+                f"gym result: turn {turn} is not contiguous with the history: its prompt_token_ids "
+                f"(length {len(prompt)}) differ from the {len(token_ids)} history tokens at position {mismatch} "
+                "(re-tokenisation drift; the policy server must splice required_prefix_token_ids)"
+            )
+        if any(math.isnan(value) for value in fields.generation_log_probs):
+            raise ValueError(f"gym result: turn {turn} has NaN generation_log_probs")
+        delta = prompt[len(token_ids) :]
+        if turn == 0:
+            prompt_length = len(delta)
+            if prompt_length == 0:
+                raise ValueError("gym result: turn 0 has an empty prompt_token_ids")
+        if delta:
+            role: Role = "tool" if saw_tool_output else "user"
+            _append(token_ids, loss_mask, logprobs, message_log, role, delta, [0.0] * len(delta), mask=0)
+        generated = fields.generation_token_ids
+        _append(token_ids, loss_mask, logprobs, message_log, "assistant", generated, fields.generation_log_probs, 1)
+        last_generation = generated
+        saw_tool_output = False
+        turn += 1
+    if turn == 0:
+        raise ValueError(
+            "gym result has no model call with generated tokens: the agent likely failed before its first model "
+            "request, or the first prompt already exceeded the context; check the agent's and environment's logs. "
+            f"Result starts: {quote(result)}"
+        )
+    reward = _number(result.get("reward"), "reward")
+    return Trajectory(
+        token_ids=token_ids,
+        loss_mask=loss_mask,
+        generation_logprobs=logprobs,
+        prompt_length=prompt_length,
+        message_log=message_log,
+        reward=reward,
+        group_id=group_id,
+        sample_index=sample_index,
+        policy_version=policy_version,
+        last_policy_version=policy_version,
+        truncated=_is_truncated(result, row, response, last_generation),
+        mask_sample=_mask_sample(result),
+        reward_components=_reward_components(result, reward),
+        task={key: value for key, value in row.items() if key not in NON_TASK_FIELDS},
+    )
+
+
+def _first_mismatch(history: list[int], prompt: list[int]) -> int | None:
+    """First position where `prompt` fails to continue `history` (len(prompt) when it is too short), else None."""
+    for position, token in enumerate(history):
+        if position >= len(prompt) or prompt[position] != token:
+            return position
+    return None
+
+
+def _append(
+    token_ids: list[int],
+    loss_mask: list[int],
+    logprobs: list[float],
+    message_log: list[MessageSpan],
+    role: Role,
+    tokens: list[int],
+    token_logprobs: list[float],
+    mask: int,
+) -> None:
+    token_ids.extend(tokens)
+    loss_mask.extend([mask] * len(tokens))
+    logprobs.extend(token_logprobs)
+    message_log.append(MessageSpan(role=role, num_tokens=len(tokens)))
+
+
+def _number(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"gym result: `{key}` must be a number, got {quote(value)}")
+    return float(value)
+
+
+def _is_truncated(
+    result: Mapping[str, Any], row: Mapping[str, Any], response: Mapping[str, Any], last_generation: list[int]
+) -> bool:
+    """The rollout ended on a length stop: the response says so, or the last generation used its whole budget."""
+    if response.get("incomplete_details") or response.get("status") == "incomplete":
+        return True
+    for source in (result, row):
+        params = source.get("responses_create_params")
+        limit = params.get("max_output_tokens") if isinstance(params, Mapping) else None
+        if isinstance(limit, int) and limit > 0:
+            return len(last_generation) >= limit
+    return False
+
+
+def _mask_sample(result: Mapping[str, Any]) -> bool:
+    """`instance_config.mask_sample`: the environment asks to keep the sample for baselines but not the loss."""
+    instance_config = result.get("instance_config")
+    if not isinstance(instance_config, Mapping):
+        return False
+    return bool(instance_config.get("mask_sample", False))
+
+
+def _reward_components(result: Mapping[str, Any], reward: float) -> dict[str, float]:
+    components = result.get("reward_components")
+    if components is None:
+        return {}
+    if not isinstance(components, Mapping):
+        raise ValueError(f"gym result: `reward_components` must be an object, got {quote(components)}")
+    parts = {str(name): _number(value, f"reward_components.{name}") for name, value in components.items()}
+    total = sum(parts.values())
+    if parts and abs(total - reward) > REWARD_SUM_TOLERANCE * max(1.0, abs(reward)):
+        raise ValueError(f"gym result: reward_components {parts} sum to {total} but reward is {reward}")
+    return parts

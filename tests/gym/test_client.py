@@ -1,0 +1,255 @@
+"""GymClient against a scripted FastAPI agent served by uvicorn in a thread on 127.0.0.1 (gym/client.py).
+
+Each `/run` pops the next behaviour of the agent's script (the last one repeats): `ok` answers the canned
+two-turn result, `500`/`400` that status, `hang` sleeps past any test deadline, `drop` closes the
+connection mid-body, `malformed` answers 200 with a body that is not JSON.
+"""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from asyncppo.gym.client import (
+    AgentHTTPError,
+    GymClient,
+    MalformedResultError,
+    RolloutDeadlineError,
+    SamplingProfile,
+    agent_urls_from_config,
+)
+
+CANNED_RESULT = json.loads((Path(__file__).parent / "fixtures" / "run_result_two_turn_tool_call.json").read_text())
+HANG_S = 3.0
+
+
+class ScriptedAgent:
+    """The agent's state: the behaviour script and every `/run` body it received."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.script: list[str] = ["ok"]
+        self.bodies: list[dict[str, Any]] = []
+
+    def next_behaviour(self) -> str:
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+
+def build_app(agent: ScriptedAgent) -> ASGIApp:
+    app = FastAPI()
+
+    @app.get("/global_config_dict_yaml")
+    async def global_config() -> str:
+        yaml_text = (
+            "head_server:\n  host: 127.0.0.1\n  port: 1\n"
+            "synonym_agent:\n  responses_api_agents:\n    simple_agent:\n"
+            f"      host: 127.0.0.1\n      port: {agent.port}\n"
+            "synonym_resources:\n  resources_servers:\n    example_multi_step:\n      host: 127.0.0.1\n      port: 2\n"
+        )
+        return yaml_text  # FastAPI encodes it as a JSON string, as the head server does
+
+    @app.post("/run")
+    async def run(request: Request) -> Response:
+        agent.bodies.append(await request.json())
+        behaviour = agent.next_behaviour()
+        if behaviour == "hang":
+            await asyncio.sleep(HANG_S)
+        if behaviour in ("500", "400"):
+            return JSONResponse(f"Hit an exception in SimpleAgent: status {behaviour}", status_code=int(behaviour))
+        if behaviour == "malformed":
+            return Response(b'{"reward": 1.0, "response": ', media_type="application/json")
+        return JSONResponse(CANNED_RESULT)
+
+    async def dropping_app(scope: Scope, receive: Receive, send: Send) -> None:
+        """Promise a body, send part of it, then fail: uvicorn closes the connection mid-response."""
+        if scope["type"] == "http" and scope["path"] == "/run" and agent.script[0] == "drop":
+            agent.next_behaviour()
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"1000")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"{", "more_body": True})
+            raise ConnectionAbortedError("scripted drop")
+        await app(scope, receive, send)
+
+    return dropping_app
+
+
+@pytest.fixture(scope="module")
+def served_agent() -> Iterator[ScriptedAgent]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    agent = ScriptedAgent(sock.getsockname()[1])
+    config = uvicorn.Config(build_app(agent), log_level="critical", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "fake agent did not start"
+        time.sleep(0.02)
+    yield agent
+    server.should_exit = True
+    thread.join(timeout=5)
+    sock.close()
+
+
+@pytest.fixture
+def agent(served_agent: ScriptedAgent) -> ScriptedAgent:
+    served_agent.script = ["ok"]
+    served_agent.bodies.clear()
+    return served_agent
+
+
+def make_client(
+    agent: ScriptedAgent, *, head: bool = False, deadline_s: float = 5.0, max_retries: int = 3
+) -> GymClient:
+    url = f"http://127.0.0.1:{agent.port}"
+    return GymClient(
+        None if head else {"synonym_agent": url},
+        url if head else None,
+        max_concurrency=4,
+        rollout_deadline_s=deadline_s,
+        max_retries=max_retries,
+        backoff_s=0.01,
+        train_sampling=SamplingProfile(temperature=1.0, top_p=1.0),
+        validation_sampling=SamplingProfile(temperature=0.6, top_p=0.95),
+        max_output_tokens=8,
+    )
+
+
+def run_once(client: GymClient, row: dict[str, Any], *, validation: bool = False) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        async with client:
+            return await client.run(row, validation=validation)
+
+    return asyncio.run(main())
+
+
+def make_row() -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": "Blazing?"}], "max_output_tokens": 64},
+        "agent_ref": {"type": "responses_api_agents", "name": "synonym_agent"},
+        "expected_answer": "711",
+        "_rowidx": 3,
+    }
+
+
+def test_run_stamps_a_copy_of_the_row_and_returns_the_result(agent: ScriptedAgent) -> None:
+    row = make_row()
+    original = json.loads(json.dumps(row))
+    client = make_client(agent)
+    assert run_once(client, row, validation=True) == CANNED_RESULT
+    assert row == original
+    params = agent.bodies[0]["responses_create_params"]
+    # Validation profile; max_output_tokens = min(row 64, client 8); nothing else sampling-related added.
+    assert (params["temperature"], params["top_p"], params["max_output_tokens"]) == (0.6, 0.95, 8)
+    assert "top_k" not in params and "stop" not in params
+    assert agent.bodies[0]["expected_answer"] == "711"
+    assert client.metrics()["gym/rollouts_succeeded"] == 1.0
+
+
+def test_head_server_config_resolves_the_agent() -> None:
+    yaml_config = {"a": {"responses_api_agents": {"simple_agent": {"host": "10.0.0.5", "port": 5011}}}, "b": {}}
+    assert agent_urls_from_config(yaml_config) == {"a": "http://10.0.0.5:5011"}
+
+
+def test_head_server_lookup_then_run(agent: ScriptedAgent) -> None:
+    client = make_client(agent, head=True)
+    assert run_once(client, make_row()) == CANNED_RESULT
+
+
+def test_server_errors_are_retried_until_success(agent: ScriptedAgent) -> None:
+    agent.script = ["500", "500", "ok"]
+    client = make_client(agent)
+    assert run_once(client, make_row()) == CANNED_RESULT
+    metrics = client.metrics()
+    assert metrics["gym/retries"] == 2.0
+    assert metrics["gym/failures/http_500"] == 2.0
+    assert len(agent.bodies) == 3
+
+
+def test_server_errors_past_the_retry_budget_raise(agent: ScriptedAgent) -> None:
+    agent.script = ["500"]
+    client = make_client(agent, max_retries=1)
+    with pytest.raises(AgentHTTPError, match="answered 500"):
+        run_once(client, make_row())
+    assert len(agent.bodies) == 2
+
+
+def test_client_errors_are_not_retried(agent: ScriptedAgent) -> None:
+    agent.script = ["400", "ok"]
+    client = make_client(agent)
+    with pytest.raises(AgentHTTPError, match=r"answered 400: .*status 400") as raised:
+        run_once(client, make_row())
+    assert raised.value.status == 400
+    assert len(agent.bodies) == 1
+    assert client.metrics().get("gym/retries", 0.0) == 0.0
+
+
+def test_hung_agent_misses_the_deadline_in_bounded_time(agent: ScriptedAgent) -> None:
+    agent.script = ["hang"]
+    client = make_client(agent, deadline_s=0.3)
+    start = time.monotonic()
+    with pytest.raises(RolloutDeadlineError, match=r"'synonym_agent'.*row 3.*deadline of 0\.3 s"):
+        run_once(client, make_row())
+    assert time.monotonic() - start < HANG_S / 2
+    assert client.metrics()["gym/deadline_misses"] == 1.0
+
+
+def test_dropped_connection_is_retried(agent: ScriptedAgent) -> None:
+    agent.script = ["drop", "ok"]
+    client = make_client(agent)
+    assert run_once(client, make_row()) == CANNED_RESULT
+    assert client.metrics()["gym/failures/connection"] == 1.0
+    assert client.metrics()["gym/retries"] == 1.0
+
+
+def test_malformed_json_raises_quoting_the_body(agent: ScriptedAgent) -> None:
+    agent.script = ["malformed"]
+    client = make_client(agent)
+    with pytest.raises(MalformedResultError, match=r'not JSON .*"reward": 1\.0, "response":'):
+        run_once(client, make_row())
+    assert len(agent.bodies) == 1
+
+
+def test_run_group_converts_every_sample_in_order(agent: ScriptedAgent) -> None:
+    client = make_client(agent)
+
+    async def main():
+        async with client:
+            return await client.run_group(make_row(), num_generations=3, group_id=11, policy_version=4)
+
+    trajectories = asyncio.run(main())
+    assert [trajectory.sample_index for trajectory in trajectories] == [0, 1, 2]
+    assert {trajectory.group_id for trajectory in trajectories} == {11}
+    assert all(trajectory.token_ids == list(range(1, 12)) for trajectory in trajectories)
+    assert trajectories[0].task["expected_answer"] == "711"
+    assert len(agent.bodies) == 3
+
+
+def test_run_group_raises_the_first_failure_of_its_samples(agent: ScriptedAgent) -> None:
+    agent.script = ["400"]
+    client = make_client(agent)
+
+    async def main():
+        async with client:
+            return await client.run_group(make_row(), num_generations=2, group_id=11, policy_version=4)
+
+    with pytest.raises(AgentHTTPError, match="answered 400"):
+        asyncio.run(main())
+
+
+def test_unknown_agent_name_is_a_value_error(agent: ScriptedAgent) -> None:
+    row = make_row()
+    row["agent_ref"]["name"] = "missing_agent"
+    with pytest.raises(ValueError, match="'missing_agent' is not a known agent"):
+        run_once(make_client(agent), row)
