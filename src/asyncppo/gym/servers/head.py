@@ -1,0 +1,59 @@
+"""The built-in head server (gym-protocol.md 2.1): the address book GymClient reads to find agents.
+
+`servers/launch.py` builds the config with `gym_config` and serves it; `GET /global_config_dict_yaml` answers a
+JSON string holding the YAML text, which `gym/client.py` `agent_urls_from_config` parses.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from fastapi import FastAPI
+
+POLICY_MODEL_NAME = "policy_model"
+"""Instance name of the policy model in the config (Gym's convention)."""
+
+
+def gym_config(
+    head: tuple[str, int],
+    resources: Mapping[str, tuple[str, int]],
+    agents: Mapping[str, tuple[str, str, int]],
+    model_base_url: str,
+) -> dict[str, Any]:
+    """A resolved gym config: `resources` maps resources name -> (host, port), `agents` maps agent instance
+    name -> (resources name, host, port). Instances are 3-level blocks `name.<server type>.<implementation>`."""
+    config: dict[str, Any] = {"head_server": {"host": head[0], "port": head[1]}}
+    config[POLICY_MODEL_NAME] = {"responses_api_models": {"policy_server": {"base_url": model_base_url}}}
+    for name, (host, port) in resources.items():
+        config[resources_instance_name(name)] = {
+            "resources_servers": {name: {"host": host, "port": port, "domain": name, "entrypoint": "builtin"}}
+        }
+    for agent_name, (resources_name, host, port) in agents.items():
+        agent = {"host": host, "port": port, "entrypoint": "builtin"}
+        agent["resources_server"] = {"type": "resources_servers", "name": resources_instance_name(resources_name)}
+        agent["model_server"] = {"type": "responses_api_models", "name": POLICY_MODEL_NAME}
+        config[agent_name] = {"responses_api_agents": {"simple_agent": agent}}
+    return config
+
+
+def resources_instance_name(resources_name: str) -> str:
+    return f"{resources_name}_resources_server"
+
+
+def create_head_app(config: Mapping[str, Any]) -> FastAPI:
+    """Serves `config` as it is at request time (the launcher fills in the head's own port after binding it)."""
+    app = FastAPI(title="asyncppo gym head server")
+
+    @app.get("/")
+    async def root() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/global_config_dict_yaml")
+    async def global_config_dict_yaml() -> str:
+        return yaml.safe_dump(dict(config), sort_keys=False)
+
+    return app

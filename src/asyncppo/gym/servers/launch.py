@@ -1,0 +1,117 @@
+"""Starts the built-in gym in this process: one resources server and one simple agent per environment, plus a head.
+
+Called by tests and demos that point GymClient at `head_url` (or at `agent_urls` directly). Every server is a
+uvicorn thread on a free 127.0.0.1 port (the PolicyServer runner, which works for any FastAPI app).
+
+    GymClient --GET config--> head --> {<env>_simple_agent: url}
+    GymClient --POST /run--> <env>_simple_agent --> <env> resources server, policy server at model_base_url
+"""
+
+from collections.abc import Iterable, Sequence
+
+from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.servers.agent import create_simple_agent_app
+from asyncppo.gym.servers.head import create_head_app, gym_config
+from asyncppo.gym.servers.resources import create_resources_app
+
+HOST = "127.0.0.1"
+
+
+def agent_instance_name(resources_name: str) -> str:
+    """The agent instance a row names in `agent_ref.name` to play in the `resources_name` environment."""
+    return f"{resources_name}_simple_agent"
+
+
+class BuiltinGym:
+    """Running built-in gym servers; `stop()` (or leaving the `with` block) shuts all of them down."""
+
+    def __init__(self, head: PolicyServer, agents: dict[str, PolicyServer], resources: dict[str, PolicyServer]) -> None:
+        self._head = head
+        self._agents = agents
+        self._resources = resources
+
+    @property
+    def head_url(self) -> str:
+        return _root_url(self._head)
+
+    @property
+    def agent_urls(self) -> dict[str, str]:
+        """Agent instance name -> base URL."""
+        return {name: _root_url(server) for name, server in self._agents.items()}
+
+    @property
+    def resources_urls(self) -> dict[str, str]:
+        """Resources server name -> base URL."""
+        return {name: _root_url(server) for name, server in self._resources.items()}
+
+    def stop(self) -> None:
+        """Stop the head first (no new lookups), then the agents (in-flight rollouts finish), then the resources."""
+        _stop_all([self._head, *self._agents.values(), *self._resources.values()])
+
+    def __enter__(self) -> "BuiltinGym":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def launch_builtin_gym(
+    model_base_url: str,
+    *,
+    resources: Sequence[str] = ("math",),
+    max_steps: int,
+    model_name: str = "policy",
+    api_key: str | None = None,
+) -> BuiltinGym:
+    """Start head, agents and resources servers; returns once all answer /health.
+
+    `model_base_url` is the policy server's OpenAI base URL (`http://host:port/v1`) or root; `resources` names
+    built-in environments (see `resources.RESOURCES_APPS`), one agent each, named by `agent_instance_name`.
+    """
+    if not resources or len(set(resources)) != len(resources):
+        raise ValueError(f"resources must name distinct built-in environments, got {list(resources)}")
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    # Sockets are bound at construction, so every port is known before any app (the head's config) is built.
+    resources_servers = {name: PolicyServer(create_resources_app(name), host=HOST) for name in resources}
+    agents = {
+        agent_instance_name(name): PolicyServer(
+            create_simple_agent_app(
+                model_base_url, _root_url(server), model_name=model_name, max_steps=max_steps, api_key=api_key
+            ),
+            host=HOST,
+        )
+        for name, server in resources_servers.items()
+    }
+    config = gym_config(
+        head=(HOST, 0),
+        resources={name: (HOST, server.port) for name, server in resources_servers.items()},
+        agents={agent_instance_name(name): (name, HOST, agents[agent_instance_name(name)].port) for name in resources},
+        model_base_url=model_base_url,
+    )
+    head = PolicyServer(create_head_app(config), host=HOST)
+    config["head_server"]["port"] = head.port  # known only once the head's socket is bound
+    gym = BuiltinGym(head, agents, resources_servers)
+    try:
+        for server in [*resources_servers.values(), *agents.values(), head]:
+            server.start()
+    except RuntimeError:
+        gym.stop()  # stopping a server that never started just releases its port
+        raise
+    return gym
+
+
+def _root_url(server: PolicyServer) -> str:
+    return server.url.removesuffix("/v1")
+
+
+def _stop_all(servers: Iterable[PolicyServer]) -> None:
+    """Stop every server even when one fails to stop; the first failure is raised afterwards."""
+    failures: list[RuntimeError] = []
+    for server in servers:
+        try:
+            server.stop()
+        except RuntimeError as error:  # a stuck server must not keep the others' ports bound
+            failures.append(error)
+    if failures:
+        raise failures[0]

@@ -1,0 +1,199 @@
+"""Built-in resources servers (gym-protocol.md 2.3): `math`, `weather` and `session_counter` as FastAPI apps.
+
+Each serves `POST /seed_session` (answers `{}` and sets the session cookie), `POST /verify` (echoes the request
+and adds `reward`) and one `POST /<tool_name>` per tool. The simple agent (`servers/agent.py`) calls them;
+`servers/launch.py` runs them. Verify ends the session: its state is dropped once the reward is known.
+"""
+
+import re
+import secrets
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+SESSION_COOKIE = "asyncppo_session"
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The forecast for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
+SESSION_COUNTER_TOOLS = [
+    {
+        "type": "function",
+        "name": "increment",
+        "description": "Add one to the counter and return the new count.",
+        "parameters": {"type": "object", "properties": {}},
+    }
+]
+WEATHER_CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "foggy")
+
+
+class Sessions:
+    """Per-session state, keyed by the session cookie that `seed` sets; one dict of state per session."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, dict[str, Any]] = {}
+
+    def seed(self, response: Response, state: dict[str, Any]) -> None:
+        session_id = secrets.token_hex(16)
+        self._states[session_id] = state
+        response.set_cookie(SESSION_COOKIE, session_id, httponly=True)
+
+    def get(self, request: Request) -> dict[str, Any] | None:
+        return self._states.get(request.cookies.get(SESSION_COOKIE, ""))
+
+    def end(self, request: Request) -> dict[str, Any] | None:
+        return self._states.pop(request.cookies.get(SESSION_COOKIE, ""), None)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+def final_assistant_text(response: object) -> str:
+    """Text of the last assistant `message` item of a Responses object's `output` ("" when there is none)."""
+    output = response.get("output") if isinstance(response, Mapping) else None
+    for item in reversed(output if isinstance(output, list) else []):
+        if isinstance(item, Mapping) and item.get("type") == "message" and item.get("role") == "assistant":
+            content = item.get("content")
+            if isinstance(content, str):
+                return content
+            parts = content if isinstance(content, list) else []
+            return "".join(str(part.get("text", "")) for part in parts if isinstance(part, Mapping))
+    return ""
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in `text` (commas inside numbers ignored), or None."""
+    numbers = _NUMBER.findall(text.replace(",", ""))
+    return float(numbers[-1]) if numbers else None
+
+
+def forecast(city: str) -> dict[str, Any]:
+    """A made-up forecast that depends only on the city's name (case-insensitive)."""
+    code = zlib.crc32(city.strip().lower().encode())
+    temperature = code % 35 - 5
+    condition = WEATHER_CONDITIONS[code // 35 % len(WEATHER_CONDITIONS)]
+    description = f"The weather in {city} is {condition} at {temperature} degrees Celsius."
+    return {"city": city, "temperature_c": temperature, "weather_description": description}
+
+
+def _no_session() -> JSONResponse:
+    return JSONResponse({"error": f"no session: call /seed_session and send its {SESSION_COOKIE} cookie"}, 400)
+
+
+def _base_app(title: str) -> FastAPI:
+    app = FastAPI(title=title)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def create_math_app() -> FastAPI:
+    """Verify: reward 1.0 when the last number of the final answer equals the row's `expected_answer`."""
+    app = _base_app("asyncppo math resources server")
+
+    @app.post("/seed_session")
+    async def seed_session() -> dict[str, Any]:
+        return {}
+
+    @app.post("/verify")
+    async def verify(body: dict[str, Any]) -> dict[str, Any]:
+        extracted = last_number(final_assistant_text(body.get("response")))
+        expected = last_number(str(body.get("expected_answer", "")))
+        correct = extracted is not None and extracted == expected
+        return {**body, "reward": 1.0 if correct else 0.0, "extracted_answer": extracted}
+
+    return app
+
+
+def create_weather_app() -> FastAPI:
+    """Tool `get_weather(city)`; verify rewards a final answer that names the last returned temperature."""
+    app = _base_app("asyncppo weather resources server")
+    sessions = Sessions()
+
+    @app.post("/seed_session")
+    async def seed_session(response: Response) -> dict[str, Any]:
+        sessions.seed(response, {"temperatures": []})
+        return {}
+
+    @app.post("/get_weather", response_model=None)
+    async def get_weather(request: Request, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
+        state = sessions.get(request)
+        if state is None:
+            return _no_session()
+        city = body.get("city")
+        if not isinstance(city, str) or not city.strip():
+            return JSONResponse({"error": f"get_weather needs a non-empty string `city`, got {city!r}"}, 400)
+        result = forecast(city)
+        state["temperatures"].append(result["temperature_c"])
+        return result
+
+    @app.post("/verify", response_model=None)
+    async def verify(request: Request, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
+        state = sessions.end(request)
+        if state is None:
+            return _no_session()
+        text = final_assistant_text(body.get("response"))
+        mentioned = {float(number) for number in _NUMBER.findall(text)}
+        correct = bool(state["temperatures"]) and float(state["temperatures"][-1]) in mentioned
+        return {**body, "reward": 1.0 if correct else 0.0}
+
+    return app
+
+
+def create_session_counter_app() -> FastAPI:
+    """Tool `increment()` counts per session (from the row's `initial_count`, default 0); verify rewards a final
+    count equal to the row's `target_count`."""
+    app = _base_app("asyncppo session_counter resources server")
+    sessions = Sessions()
+
+    @app.post("/seed_session", response_model=None)
+    async def seed_session(response: Response, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
+        initial_count = body.get("initial_count", 0)
+        if isinstance(initial_count, bool) or not isinstance(initial_count, int):
+            return JSONResponse({"error": f"initial_count must be an integer, got {initial_count!r}"}, 422)
+        sessions.seed(response, {"count": initial_count})
+        return {}
+
+    @app.post("/increment", response_model=None)
+    async def increment(request: Request) -> dict[str, Any] | JSONResponse:
+        state = sessions.get(request)
+        if state is None:
+            return _no_session()
+        state["count"] += 1
+        return {"count": state["count"]}
+
+    @app.post("/verify", response_model=None)
+    async def verify(request: Request, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
+        state = sessions.end(request)
+        if state is None:
+            return _no_session()
+        reward = 1.0 if state["count"] == body.get("target_count") else 0.0
+        return {**body, "reward": reward, "final_count": state["count"]}
+
+    return app
+
+
+RESOURCES_APPS: dict[str, Callable[[], FastAPI]] = {
+    "math": create_math_app,
+    "weather": create_weather_app,
+    "session_counter": create_session_counter_app,
+}
+
+
+def create_resources_app(name: str) -> FastAPI:
+    """The built-in resources server called `name` (one of RESOURCES_APPS)."""
+    if name not in RESOURCES_APPS:
+        raise ValueError(f"unknown built-in resources server {name!r}; expected one of {sorted(RESOURCES_APPS)}")
+    return RESOURCES_APPS[name]()
