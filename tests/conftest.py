@@ -1,4 +1,4 @@
-"""Shared fixtures for the rollout tests: one tiny model directory per session, one intra-op thread per test."""
+"""Fixtures shared by every test folder: one tiny model directory per session, one intra-op thread per test."""
 
 from collections.abc import Iterator
 from pathlib import Path
