@@ -60,6 +60,16 @@ def _start(config: Path, run_dir: Path, cache_dir: Path, log: Path) -> subproces
         )
 
 
+def _latest_checkpoint(run_dir: Path) -> int:
+    """Step of the newest complete checkpoint (0 when there is none)."""
+    steps = [
+        int(path.name.removeprefix("step_"))
+        for path in (run_dir / "checkpoints").glob("step_*")
+        if (path / "training_info.json").is_file()
+    ]
+    return max(steps, default=0)
+
+
 def _completed_steps(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     return len(read_metrics_jsonl(path)) if path.exists() else 0
@@ -77,12 +87,13 @@ def test_async_run_killed_five_times_loses_and_repeats_no_prompt(
     chooser = random.Random(1234)
 
     for kill in range(NUM_KILLS):
-        before = _completed_steps(run_dir)
+        before = _latest_checkpoint(run_dir)
         process = _start(config, run_dir, cache_dir, log)
         try:
-            # Let it get past start-up and train at least one more step, then kill at a random moment.
+            # Let it get past start-up and save at least one more checkpoint (so the next start is a resume),
+            # then kill at a random moment.
             deadline = time.monotonic() + 180
-            while _completed_steps(run_dir) <= before and process.poll() is None and time.monotonic() < deadline:
+            while _latest_checkpoint(run_dir) <= before and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert process.poll() is None, f"run {kill} exited early:\n{log.read_text()[-3000:]}"
             time.sleep(chooser.uniform(0.0, 1.0))
