@@ -64,8 +64,9 @@ def test_malformed_override_is_rejected(tree):
 
 
 def test_free_form_sections_accept_any_subkey(tree):
-    config = validate_tree(apply_overrides(tree, ["env.gym.config.math.port=8001"]))
-    assert config.env.gym.config == {"math": {"port": 8001}}
+    overrides = ["env.gym.launch=external", "env.gym.agent_urls.math_agent=http://127.0.0.1:8001"]
+    config = validate_tree(apply_overrides(tree, overrides))
+    assert config.env.gym.agent_urls == {"math_agent": "http://127.0.0.1:8001"}
 
 
 def test_missing_required_key_names_its_path(tree):

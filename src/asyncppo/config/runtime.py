@@ -1,6 +1,6 @@
 """Config sections around the algorithm: data, generation, environment, cluster, checkpoints, logging."""
 
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
@@ -85,14 +85,40 @@ class GymConfig(Section):
     """Head server for config lookup (GET /global_config_dict_yaml); external launch."""
     agent_urls: dict[str, str] = Field(default_factory=dict)
     """Agent name -> base URL, used instead of a head server lookup."""
-    config: dict[str, Any] = Field(default_factory=dict)
-    """Server config passed to the built-in servers (instance name -> server block)."""
     max_concurrency: PositiveInt = 32
     """Rollouts in flight against the agents at once."""
     rollout_deadline_s: float = Field(default=600.0, gt=0)
     """Per-rollout deadline; a rollout past it fails and is counted."""
     max_retries: NonNegativeInt = 3
     """Retries of a whole rollout after a transient failure (connection, 5xx, 408, 429)."""
+    backoff_s: float = Field(default=1.0, ge=0)
+    """Sleep before the first retry; doubled before each further one (all within the rollout deadline)."""
+    max_failed_groups_per_step: NonNegativeInt = 8
+    """Prompt groups whose rollout may fail (after retries) while one step's batch is filled; each failed group
+    is dropped (counted in `rollout/failed_groups` and the accounting) and replaced by a fresh prompt. One more
+    failure stops the run with an error naming the step and the last failure; 0 = the first failure stops it."""
+    resources: list[str] = Field(default_factory=lambda: ["math"], min_length=1)
+    """Built-in environments the trainer (launch: builtin) or `asyncppo gym serve` starts, one simple agent
+    each, named `<resources>_simple_agent`: `math`, `weather`, `multi_step`, `session_counter`."""
+    max_steps: PositiveInt = 8
+    """Model calls per rollout of the built-in simple agent (it also stops on a turn without tool calls)."""
+    model_name: str = "policy"
+    """Model name the policy server serves (agents send it as `model`)."""
+    policy_server_port: NonNegativeInt = 0
+    """Port of the first policy server (generator worker i listens on port + i); 0 = free ports."""
+    api_key: str | None = None
+    """Bearer key the policy server requires (the built-in agents send it); null = no key."""
+
+    @model_validator(mode="after")
+    def _check_launch(self) -> Self:
+        if self.launch == "external" and (self.head_server_url is None) == (not self.agent_urls):
+            raise RuleError(
+                "head_server_url",
+                "launch: external needs exactly one of head_server_url and agent_urls (where the agents are)",
+            )
+        if self.launch == "builtin" and (self.head_server_url is not None or self.agent_urls):
+            raise RuleError("launch", "builtin starts its own servers: remove head_server_url and agent_urls")
+        return self
 
 
 class EnvConfig(Section):
