@@ -11,6 +11,7 @@ from typing import Any
 from asyncppo.pipeline.async_source import AsyncBatchSource
 from asyncppo.pipeline.buffer import TrajectoryBuffer, default_buffer_size
 from asyncppo.pipeline.collector import Collector
+from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.sources import PromptBatches, StepBatch
 from asyncppo.pipeline.staleness import AgeSchedule
 from asyncppo.rollout.trajectory import MessageSpan, Trajectory
@@ -141,6 +142,7 @@ def build(
     watchdog_s: float = 5.0,
     max_size: int | None = None,
     idle_recheck_s: float = 0.5,
+    failure_budget: StepFailureBudget | None = None,
 ) -> Setup:
     ages = ages or AgeSchedule(policy_training_start_step=0, train_age=1, warmup_age=1)
     buffer = TrajectoryBuffer(num_prompts, max_size or default_buffer_size(num_prompts, ages.max_age))
@@ -154,6 +156,7 @@ def build(
         in_flight_weight_updates=in_flight,
         drain_timeout_s=watchdog_s,
         idle_recheck_s=idle_recheck_s,
+        failure_budget=failure_budget,
     )
     source = AsyncBatchSource(
         collector,

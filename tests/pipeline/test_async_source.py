@@ -121,6 +121,7 @@ def test_batch_metrics_report_ages_buffer_and_drops():
         "async/idle_wait_seconds",
         "async/failed_trajectories",
         "async/collector_groups_per_second",
+        "rollout/failed_groups",
     } | {f"async/dropped_prompts/{reason}" for reason in DROP_REASONS}
     for step, batch in setup.batches.items():
         assert set(batch.metrics) == expected

@@ -18,6 +18,7 @@ from typing import Any
 from asyncppo.pipeline.buffer import DROP_REASONS, BufferedGroup, TrajectoryBuffer, default_buffer_size
 from asyncppo.pipeline.collector import Collector, GroupRolloutFn
 from asyncppo.pipeline.errors import StallError
+from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.ledger import AccountingReport
 from asyncppo.pipeline.sources import PromptBatches, StepBatch
 from asyncppo.pipeline.staleness import AgeSchedule
@@ -87,7 +88,10 @@ class AsyncBatchSource:
         idle_seconds = self._clock() - started
         self._next_step = step + 1
         trajectories = [trajectory for group in groups for trajectory in group.trajectories]
-        return StepBatch(trajectories, num_prompts=len(groups), metrics=self._metrics(step, groups, idle_seconds))
+        metrics = self._metrics(step, groups, idle_seconds)
+        metrics["rollout/failed_groups"] = float(self._collector.failed_groups_this_step())
+        self._collector.step_filled()
+        return StepBatch(trajectories, num_prompts=len(groups), metrics=metrics)
 
     def _wait_for(self, step: int) -> list[BufferedGroup]:
         max_age = self._ages.sample_max_age(step)
@@ -203,6 +207,7 @@ def build_async_source(
     watchdog_timeout_s: float,
     max_concurrent_groups: int | None = None,
     buffer_max_size: int | None = None,
+    failure_budget: StepFailureBudget | None = None,
 ) -> AsyncBatchSource:
     """Buffer + collector + source from plain settings (the `ppo.async_ppo` keys); `start_step` = the step the
     run starts or resumes at, which is also the generators' initial weight version.
@@ -222,6 +227,7 @@ def build_async_source(
         max_concurrent_groups=max_concurrent_groups or max_size,
         in_flight_weight_updates=in_flight_weight_updates,
         drain_timeout_s=watchdog_timeout_s,
+        failure_budget=failure_budget,
     )
     return AsyncBatchSource(
         collector,

@@ -23,6 +23,7 @@ from typing import Any
 
 from asyncppo.pipeline.buffer import FAILED_ROLLOUT, TrajectoryBuffer
 from asyncppo.pipeline.errors import CollectorError, StallError
+from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.plain_state import check_plain_data
 from asyncppo.pipeline.sources import PromptBatches, Row
 from asyncppo.pipeline.staleness import AgeSchedule
@@ -56,7 +57,10 @@ class Collector:
         in_flight_weight_updates: bool,
         drain_timeout_s: float,
         idle_recheck_s: float = 0.5,
+        failure_budget: StepFailureBudget | None = None,
     ) -> None:
+        """`failure_budget`: failed groups are dropped and replaced until it runs out (None: the first failure
+        stops collection)."""
         if max_concurrent_groups < 1:
             raise ValueError(f"max_concurrent_groups must be >= 1, got {max_concurrent_groups}")
         self.initial_version = initial_version
@@ -68,6 +72,7 @@ class Collector:
         self._max_concurrent = max_concurrent_groups
         self._drain_timeout_s = drain_timeout_s
         self._idle_recheck_s = idle_recheck_s
+        self._failure_budget = failure_budget
         self._condition = threading.Condition(threading.RLock())
         self._version = initial_version
         self._paused = False
@@ -141,6 +146,15 @@ class Collector:
         with self._condition:
             self._paused = False
             self._condition.notify_all()
+
+    def failed_groups_this_step(self) -> int:
+        """Groups that failed since the last `step_filled()` (0 without a failure budget)."""
+        return self._failure_budget.count if self._failure_budget is not None else 0
+
+    def step_filled(self) -> None:
+        """A step's batch was handed to training: the failure budget starts over for the next one."""
+        if self._failure_budget is not None:
+            self._failure_budget.reset()
 
     def raise_if_failed(self) -> None:
         """Deliver a recorded rollout or loop failure to the caller (the driver), with the original as cause."""
@@ -217,12 +231,24 @@ class Collector:
         while not self._stopping and self._failure is None:
             if not self._paused and len(self._running) < self._max_concurrent:
                 capacity = min(self._max_concurrent - len(self._running), self._buffer.free_slots())
-                for target in self._ages.collectable_targets(self._version, self.initial_version):
+                for target in self._targets():
                     needed = self._buffer.needed(target)
                     if needed > 0 and capacity > 0:
                         return target, min(needed, capacity)
             self._condition.wait(timeout=self._idle_recheck_s)
         return None
+
+    def _targets(self) -> list[int]:
+        """The targets this version may reserve, plus its own step when that still lacks groups.
+
+        The own step only lacks groups after a failed group was released once its version had been published
+        (the N+1 rule covers it before that); data of version v trained at step v is on-policy, so refilling
+        it with the current weights is always fresh enough, and without it the target would have no producer.
+        """
+        targets = self._ages.collectable_targets(self._version, self.initial_version)
+        if self._version not in targets and self._buffer.needed(self._version) > 0:
+            return [self._version, *targets]
+        return targets
 
     def _start_rollouts(self, target: int, count: int) -> None:
         # Reserve before popping: if the buffer refused, the rows would otherwise vanish from the accounting.
@@ -293,6 +319,13 @@ class Collector:
             in_flight = self._running.pop(draw_id)
             self._buffer.release(draw_id, FAILED_ROLLOUT)
             self._num_failed_rollouts += 1
+            if self._failure_budget is not None:
+                # The released target needs a group again, so the loop draws a fresh prompt for it.
+                exhausted = self._failure_budget.record(in_flight.target, draw_id, error)
+                if exhausted is not None:
+                    self._record_failure(str(exhausted), exhausted)
+                self._condition.notify_all()
+                return
             self._record_failure(
                 f"rollout of draw id {draw_id} (target step {in_flight.target}, weight version "
                 f"{in_flight.generation_version}) raised {type(error).__name__}: {error}",

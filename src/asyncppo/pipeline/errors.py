@@ -2,6 +2,7 @@
 
 Collector rollout or loop failure --> CollectorError (its __cause__ is the original exception)
 no buffer progress for watchdog_timeout_s, or a weight-update drain that never ends --> StallError
+more prompt groups failed while filling one step than the failure budget allows --> StepFillError
 """
 
 
@@ -11,3 +12,9 @@ class CollectorError(RuntimeError):
 
 class StallError(TimeoutError):
     """The pipeline made no progress within its watchdog; the message names what was awaited and what exists."""
+
+
+class StepFillError(RuntimeError):
+    """A step's batch could not be filled: more prompt groups failed than the per-step budget allows.
+
+    Its __cause__ is the last group's failure; the message names the step, the count and the budget."""

@@ -6,15 +6,21 @@
 The driver only knows `BatchSource`; sync and async PPO differ in which source it is handed.
 """
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.rollout.trajectory import Trajectory
 
 Row = dict[str, Any]
 RolloutFn = Callable[[Sequence[Row], int], list[Trajectory]]
 """(prompt rows, first group id) -> trajectories of every prompt's group, group ids consecutive from there."""
+GroupOutcome = list[Trajectory] | Exception
+"""One prompt group's trajectories, or the exception that ended its rollout (after the rollout's own retries)."""
+GroupRolloutsFn = Callable[[Sequence[Row], Sequence[int]], list[GroupOutcome]]
+"""(prompt rows, their group ids) -> one outcome per row, in order; failures are values, not raised."""
 
 
 @dataclass
@@ -65,31 +71,75 @@ class BatchSource(Protocol):
 
 
 class SyncBatchSource:
-    """Generates each step's batch on demand with the weights the generators hold now (sync PPO)."""
+    """Generates each step's batch on demand with the weights the generators hold now (sync PPO).
 
-    def __init__(self, prompts: PromptBatches, rollout: RolloutFn):
+    `rollout` answers each row with its group or the exception that ended it. A failed group is dropped and a
+    fresh prompt takes its place (the rows a refill draws beyond its need wait in `pending`, checkpointed),
+    until the step's failure budget runs out: then StepFillError. Group ids are draw ids, one per row drawn.
+    """
+
+    def __init__(
+        self,
+        prompts: PromptBatches,
+        rollout: GroupRolloutsFn,
+        *,
+        num_prompts_per_step: int,
+        failure_budget: StepFailureBudget,
+    ):
         self._prompts = prompts
         self._rollout = rollout
+        self._num_prompts = num_prompts_per_step
+        self._failures = failure_budget
         self._iterator: Iterator[list[Row]] | None = None
+        self._pending: deque[Row] = deque()
         self._next_group_id = 0
 
     def next_batch(self, step: int) -> StepBatch:
+        self._failures.reset()
+        groups: list[list[Trajectory]] = []
+        while len(groups) < self._num_prompts:
+            rows = self._draw(step, self._num_prompts - len(groups))
+            group_ids = list(range(self._next_group_id, self._next_group_id + len(rows)))
+            self._next_group_id += len(rows)
+            outcomes = self._rollout(rows, group_ids)
+            if len(outcomes) != len(rows):
+                raise ValueError(f"rollout answered {len(outcomes)} outcomes for {len(rows)} rows")
+            for group_id, outcome in zip(group_ids, outcomes, strict=True):
+                if not isinstance(outcome, Exception):
+                    groups.append(outcome)
+                    continue
+                error = self._failures.record(step, group_id, outcome)
+                if error is not None:
+                    raise error
+        trajectories = [trajectory for group in groups for trajectory in group]
+        metrics = {"rollout/failed_groups": float(self._failures.count)}
+        return StepBatch(trajectories=trajectories, num_prompts=len(groups), metrics=metrics)
+
+    def _draw(self, step: int, count: int) -> list[Row]:
+        """The next `count` rows: rows left over from an earlier refill first, then the stream's batches."""
+        while len(self._pending) < count:
+            self._pending.extend(self._next_stream_batch(step))
+        return [self._pending.popleft() for _ in range(count)]
+
+    def _next_stream_batch(self, step: int) -> list[Row]:
         if self._iterator is None:
             self._iterator = iter(self._prompts)
         try:
-            rows = next(self._iterator)
+            return list(next(self._iterator))
         except StopIteration:
             raise RuntimeError(f"the training data ran out before step {step} (ppo.max_num_epochs reached)") from None
-        trajectories = self._rollout(rows, self._next_group_id)
-        self._next_group_id += len(rows)
-        return StepBatch(trajectories=trajectories, num_prompts=len(rows))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"prompts": self._prompts.state_dict(), "next_group_id": self._next_group_id}
+        return {
+            "prompts": self._prompts.state_dict(),
+            "next_group_id": self._next_group_id,
+            "pending": list(self._pending),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._prompts.load_state_dict(state["prompts"])
         self._next_group_id = int(state["next_group_id"])
+        self._pending = deque(dict(row) for row in state.get("pending", []))
         self._iterator = None
 
     def close(self) -> None:
@@ -100,3 +150,18 @@ class SyncBatchSource:
 
     def after_weight_update(self, version: int) -> None:
         return None
+
+
+def strict_group_rollouts(rollout: RolloutFn) -> GroupRolloutsFn:
+    """A batch rollout (consecutive group ids, raises on any failure) as a GroupRolloutsFn: one call for all
+    rows, so the engine batches them; a failure still ends the step (there are no per-group outcomes)."""
+
+    def run(rows: Sequence[Row], group_ids: Sequence[int]) -> list[GroupOutcome]:
+        if list(group_ids) != list(range(group_ids[0], group_ids[0] + len(group_ids))):
+            raise ValueError(f"strict rollouts need consecutive group ids, got {list(group_ids)}")
+        by_group: dict[int, list[Trajectory]] = {group_id: [] for group_id in group_ids}
+        for trajectory in rollout(rows, group_ids[0]):
+            by_group[trajectory.group_id].append(trajectory)
+        return [by_group[group_id] for group_id in group_ids]
+
+    return run
