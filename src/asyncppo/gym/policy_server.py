@@ -3,8 +3,11 @@
 Gym agents (through Gym's `vllm_model`) call it for every model turn; the trainer or `asyncppo gym serve`
 starts it. Contract: gym-protocol.md 2.5 and 4.2.
 
-    POST /v1/chat/completions --> check sampling profile --> build_prompt (prefix splice) --> Generator.submit
+    POST /v1/chat/completions --> check sampling profile --> ChatEngine.complete:
+         build_prompt (prefix splice) --> Generator.submit --> parse_generation
          <-- message {content, tool_calls, prompt_token_ids, generation_token_ids, generation_log_probs}
+    POST /v1/responses --> check sampling profile --> responses.chat_messages --> ChatEngine.complete
+         <-- responses.build_response: output items, the token fields on the last one
 """
 
 import asyncio
@@ -13,7 +16,8 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import httpx
 import uvicorn
@@ -29,10 +33,20 @@ from asyncppo.gym.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     Choice,
+    RequestMessage,
     ResponseMessage,
     TokenizeRequest,
     TokenizeResponse,
     Usage,
+)
+from asyncppo.gym.responses import (
+    ResponsesInputError,
+    ResponsesRequest,
+    ResponsesResponse,
+    build_response,
+    chat_messages,
+    chat_tools,
+    check_request,
 )
 
 LOGPROB_FLOOR = -9999.0
@@ -56,7 +70,9 @@ def _error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": error_type, "code": status}}, status_code=status)
 
 
-def check_sampling(request: ChatCompletionRequest, train: SamplingProfile, validation: SamplingProfile) -> None:
+def check_sampling(
+    request: ChatCompletionRequest | ResponsesRequest, train: SamplingProfile, validation: SamplingProfile
+) -> None:
     """RequestError(400) unless the request samples exactly as the train or the validation profile does.
 
     Agents issue their own requests, so this is the one place that keeps sampling on-policy (4.2 item 5).
@@ -85,8 +101,9 @@ def sampling_params_for(temperature: float, top_p: float, max_new_tokens: int) -
     return SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
 
 
-def output_budget(request: ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int) -> int:
-    """max_tokens clamped so prompt + output <= max_model_len; RequestError(400) for a prompt with no room."""
+def output_budget(limits: Mapping[str, int | None], num_prompt_tokens: int, max_model_len: int) -> int:
+    """The output limits (request field name -> value, unset = None) clamped so prompt + output <= max_model_len;
+    RequestError(400) for a prompt with no room or a limit below 1."""
     room = max_model_len - num_prompt_tokens
     if room < 1:
         raise RequestError(
@@ -94,10 +111,62 @@ def output_budget(request: ChatCompletionRequest, num_prompt_tokens: int, max_mo
             f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
             f"{num_prompt_tokens} tokens, which leaves no room to generate",
         )
-    limits = [limit for limit in (request.max_tokens, request.max_completion_tokens) if limit is not None]
-    if any(limit < 1 for limit in limits):
-        raise RequestError(400, f"max_tokens must be >= 1, got {min(limits)}")
-    return min([room, *limits])
+    for name, limit in limits.items():
+        if limit is not None and limit < 1:
+            raise RequestError(400, f"{name} must be >= 1, got {limit}")
+    return min([room, *(limit for limit in limits.values() if limit is not None)])
+
+
+class ChatEngine:
+    """The generation path both routes share: chat messages in, one assistant message with its token bundle out."""
+
+    def __init__(
+        self, generator: GeneratorProtocol, tokenizer: PreTrainedTokenizerBase, eos_token_id: int, max_model_len: int
+    ) -> None:
+        self._generator = generator
+        self._tokenizer = tokenizer
+        self._eos_token_id = eos_token_id
+        self._max_model_len = max_model_len
+
+    async def complete(
+        self,
+        messages: Sequence[RequestMessage],
+        tools: list[dict[str, Any]] | None,
+        *,
+        profile: SamplingProfile,
+        limits: Mapping[str, int | None],
+        required_prefix_token_ids: Sequence[int] | None = None,
+    ) -> Choice:
+        """Splice the prompt, generate under a checked `profile`, parse the text; RequestError on a refusal.
+
+        Awaits the Generator's future, so concurrent requests queue together and share the engine's batches.
+        """
+        try:
+            prompt = build_prompt(self._tokenizer, messages, tools, self._eos_token_id, required_prefix_token_ids)
+        except PromptError as error:
+            raise RequestError(400, str(error)) from error
+        budget = output_budget(limits, len(prompt), self._max_model_len)
+        sampling = sampling_params_for(*profile, max_new_tokens=budget)
+        try:
+            result = await asyncio.wrap_future(self._generator.submit(GenerationRequest(tuple(prompt), sampling)))
+        except GeneratorClosedError as error:
+            raise RequestError(503, f"the generation engine is closed: {error}") from error
+        except ValueError as error:  # the engine's own request checks (token ids outside the vocabulary, ...)
+            raise RequestError(400, str(error)) from error
+        generated = list(result.token_ids)
+        ends_with_eos = bool(generated) and generated[-1] == self._eos_token_id
+        text = self._tokenizer.decode(generated[:-1] if ends_with_eos else generated, skip_special_tokens=False)
+        assert isinstance(text, str)  # one sequence in, one string out
+        content, tool_calls = parse_generation(text)
+        finish_reason = "length" if result.finish_reason == "length" else ("tool_calls" if tool_calls else "stop")
+        message = ResponseMessage(
+            content=content,
+            tool_calls=tool_calls or None,
+            prompt_token_ids=prompt,
+            generation_token_ids=generated,
+            generation_log_probs=[_floored(logprob) for logprob in result.logprobs],
+        )
+        return Choice(message=message, finish_reason=finish_reason)
 
 
 def create_policy_app(
@@ -121,6 +190,7 @@ def create_policy_app(
         raise ValueError("the tokenizer has no eos_token_id; the prefix splice counts end-of-turn tokens with it")
     if max_model_len < 2:
         raise ValueError(f"max_model_len={max_model_len} must be >= 2")
+    engine = ChatEngine(generator, tokenizer, eos_token_id, max_model_len)
     app = FastAPI(title=f"asyncppo policy server ({model_name})")
 
     @app.exception_handler(RequestError)
@@ -153,46 +223,49 @@ def create_policy_app(
             tokens = list(tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=max_model_len)
 
+    def check_model(requested: str | None) -> None:
+        if requested is not None and requested != model_name:
+            raise RequestError(404, f"model {requested!r} is not served here; this server serves {model_name!r}")
+
     @app.post("/v1/chat/completions", response_model_exclude_none=True)
     async def chat_completions(body: ChatCompletionRequest) -> ChatCompletionResponse:
-        if body.model != model_name:
-            raise RequestError(404, f"model {body.model!r} is not served here; this server serves {model_name!r}")
+        check_model(body.model)
         check_sampling(body, train_sampling, validation_sampling)
         assert body.temperature is not None and body.top_p is not None  # check_sampling requires both
-        try:
-            prompt = build_prompt(tokenizer, body.messages, body.tools, eos_token_id, body.required_prefix_token_ids)
-        except PromptError as error:
-            raise RequestError(400, str(error)) from error
-        budget = output_budget(body, len(prompt), max_model_len)
-        sampling = sampling_params_for(body.temperature, body.top_p, max_new_tokens=budget)
-        try:
-            result = await asyncio.wrap_future(generator.submit(GenerationRequest(tuple(prompt), sampling)))
-        except GeneratorClosedError as error:
-            raise RequestError(503, f"the generation engine is closed: {error}") from error
-        except ValueError as error:  # the engine's own request checks (token ids outside the vocabulary, ...)
-            raise RequestError(400, str(error)) from error
-        generated = list(result.token_ids)
-        text_ids = generated[:-1] if generated and generated[-1] == eos_token_id else generated
-        text = tokenizer.decode(text_ids, skip_special_tokens=False)
-        assert isinstance(text, str)  # one sequence in, one string out
-        content, tool_calls = parse_generation(text)
-        finish_reason = "length" if result.finish_reason == "length" else ("tool_calls" if tool_calls else "stop")
-        message = ResponseMessage(
-            content=content,
-            tool_calls=tool_calls or None,
-            prompt_token_ids=prompt,
-            generation_token_ids=generated,
-            generation_log_probs=[_floored(logprob) for logprob in result.logprobs],
+        choice = await engine.complete(
+            body.messages,
+            body.tools,
+            profile=(body.temperature, body.top_p),
+            limits={"max_tokens": body.max_tokens, "max_completion_tokens": body.max_completion_tokens},
+            required_prefix_token_ids=body.required_prefix_token_ids,
         )
+        num_prompt = len(choice.message.prompt_token_ids or [])
+        num_output = len(choice.message.generation_token_ids or [])
         return ChatCompletionResponse(
             id=f"chatcmpl-{secrets.token_hex(12)}",
             created=int(time.time()),
             model=model_name,
-            choices=[Choice(message=message, finish_reason=finish_reason)],
-            usage=Usage(
-                prompt_tokens=len(prompt), completion_tokens=len(generated), total_tokens=len(prompt) + len(generated)
-            ),
+            choices=[choice],
+            usage=Usage(prompt_tokens=num_prompt, completion_tokens=num_output, total_tokens=num_prompt + num_output),
         )
+
+    @app.post("/v1/responses", response_model_exclude_none=True)
+    async def responses(body: ResponsesRequest) -> ResponsesResponse:
+        check_model(body.model)
+        check_sampling(body, train_sampling, validation_sampling)
+        assert body.temperature is not None and body.top_p is not None  # check_sampling requires both
+        try:
+            check_request(body)
+            messages, tools = chat_messages(body), chat_tools(body.tools)
+        except ResponsesInputError as error:
+            raise RequestError(400, str(error)) from error
+        choice = await engine.complete(
+            messages,
+            tools,
+            profile=(body.temperature, body.top_p),
+            limits={"max_output_tokens": body.max_output_tokens},
+        )
+        return build_response(body, choice, model_name)
 
     return app
 
