@@ -2,7 +2,8 @@
 
 Each `/run` pops the next behaviour of the agent's script (the last one repeats): `ok` answers the canned
 two-turn result, `500`/`400` that status, `hang` sleeps past any test deadline, `drop` closes the
-connection mid-body, `malformed` answers 200 with a body that is not JSON.
+connection mid-body, `malformed` answers 200 with a body that is not JSON, `judge_failed` answers the canned
+result as Gym's judge failsafe rewrites it (reward 0, `_ng_failure_class: judge_failed`).
 """
 
 import asyncio
@@ -30,6 +31,11 @@ from asyncppo.gym.client import (
 )
 
 CANNED_RESULT = json.loads((Path(__file__).parent / "fixtures" / "run_result_two_turn_tool_call.json").read_text())
+JUDGE_FAILED_RESULT = {key: value for key, value in CANNED_RESULT.items() if key != "reward_components"} | {
+    "reward": 0.0,
+    "_ng_failure_class": "judge_failed",
+    "_ng_failure_judge_error": "judge model answered 503",
+}
 HANG_S = 3.0
 
 
@@ -68,6 +74,8 @@ def build_app(agent: ScriptedAgent) -> ASGIApp:
             return JSONResponse(f"Hit an exception in SimpleAgent: status {behaviour}", status_code=int(behaviour))
         if behaviour == "malformed":
             return Response(b'{"reward": 1.0, "response": ', media_type="application/json")
+        if behaviour == "judge_failed":
+            return JSONResponse(JUDGE_FAILED_RESULT)
         return JSONResponse(CANNED_RESULT)
 
     async def dropping_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -246,6 +254,27 @@ def test_run_group_raises_the_first_failure_of_its_samples(agent: ScriptedAgent)
 
     with pytest.raises(AgentHTTPError, match="answered 400"):
         asyncio.run(main())
+
+
+def test_judge_failures_are_returned_as_reward_zero_and_counted(agent: ScriptedAgent) -> None:
+    agent.script = ["judge_failed", "ok", "judge_failed"]
+    client = make_client(agent)
+
+    async def main():
+        async with client:
+            return await client.run_group(make_row(), num_generations=3, group_id=11, policy_version=4)
+
+    trajectories = asyncio.run(main())
+    assert sorted(trajectory.reward for trajectory in trajectories) == [0.0, 0.0, 1.0]  # trained, not dropped
+    metrics = client.metrics()
+    assert metrics["gym/judge_failures"] == 2.0 and metrics["gym/rollouts_succeeded"] == 3.0
+    assert metrics.get("gym/retries", 0.0) == 0.0  # a judge failure is a result, not a transport failure
+
+
+def test_results_without_a_failure_class_count_no_judge_failure(agent: ScriptedAgent) -> None:
+    client = make_client(agent)
+    run_once(client, make_row())
+    assert "gym/judge_failures" not in client.metrics()
 
 
 def test_unknown_agent_name_is_a_value_error(agent: ScriptedAgent) -> None:

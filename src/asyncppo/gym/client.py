@@ -31,6 +31,8 @@ from asyncppo.rollout.trajectory import Trajectory
 RETRYABLE_STATUSES = frozenset({408, 429})
 # Seconds a head server may take to answer the config lookup.
 HEAD_SERVER_TIMEOUT_S = 30.0
+# `_ng_failure_class` of a result whose LLM judge failed in /verify.
+JUDGE_FAILED = "judge_failed"
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class GymClient:
 
     def metrics(self) -> dict[str, float]:
         """Counters since construction: rollouts started/succeeded, retries, deadline misses, `failures/<kind>`
-        (one per failed attempt; kinds `connection`, `http_<status>`, `malformed_json`, `deadline`)."""
+        (one per failed attempt; kinds `connection`, `http_<status>`, `malformed_json`, `deadline`) and
+        `judge_failures` (results that succeeded with reward 0 because the environment's judge failed)."""
         return {f"gym/{name}": float(count) for name, count in sorted(self._counters.items())}
 
     async def agent_urls(self) -> dict[str, str]:
@@ -168,10 +171,19 @@ class GymClient:
                     f"of {self._rollout_deadline_s} s (after {time.monotonic() - start:.1f} s, retries included)"
                 ) from None
         self._counters["rollouts_succeeded"] += 1
+        # Gym's judge failsafe answers 200 with reward 0 (gym-protocol.md 2.3): trained on as a real 0, but counted.
+        if result.get("_ng_failure_class") == JUDGE_FAILED:
+            self._counters["judge_failures"] += 1
         return result
 
     async def run_group(
-        self, row: Mapping[str, Any], num_generations: int, group_id: int, policy_version: int
+        self,
+        row: Mapping[str, Any],
+        num_generations: int,
+        group_id: int,
+        policy_version: int,
+        *,
+        validation: bool = False,
     ) -> list[Trajectory]:
         """Run `num_generations` rollouts of one row concurrently; one Trajectory each, in sample order.
 
@@ -183,7 +195,7 @@ class GymClient:
         # A TaskGroup (not gather) so that one failed sample cancels its siblings instead of leaving them running.
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self.run(row)) for _ in range(num_generations)]
+                tasks = [group.create_task(self.run(row, validation=validation)) for _ in range(num_generations)]
         except ExceptionGroup as failures:
             raise failures.exceptions[0] from failures
         results = [task.result() for task in tasks]

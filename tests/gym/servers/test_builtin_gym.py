@@ -16,7 +16,7 @@ from asyncppo.gym.client import GymClient, SamplingProfile, agent_urls_from_conf
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.gym.results import trajectory_from_result
 from asyncppo.gym.servers.launch import launch_builtin_gym
-from asyncppo.gym.servers.resources import SESSION_COUNTER_TOOLS, WEATHER_TOOLS, forecast
+from asyncppo.gym.servers.resources import MULTI_STEP_TOOLS, SESSION_COUNTER_TOOLS, WEATHER_TOOLS, forecast
 from asyncppo.models.tiny import EOS_TOKEN_ID
 
 TRAIN = (1.0, 1.0)
@@ -190,6 +190,61 @@ def test_gym_client_finds_the_agent_through_the_head_server_and_runs_a_row(polic
         [trajectory] = asyncio.run(collect(gym.head_url))
     assert trajectory.reward == 1.0 and trajectory.group_id == 7 and trajectory.policy_version == 3
     assert [span.role for span in trajectory.message_log] == ["user", "assistant", "tool", "assistant"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "policy_server",
+    [
+        (
+            tool_call("add", {"a": 12, "b": 7}),
+            tool_call("multiply", {"a": 19, "b": 3}),
+            "57",
+        )
+    ],
+    indirect=True,
+)
+def test_multi_step_row_chains_add_into_multiply_and_trains_as_three_turns(
+    policy_server: str, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    row = {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": "Compute (12 + 7) * 3. Use the add and multiply tools."}],
+            "tools": MULTI_STEP_TOOLS,
+        },
+        "operands": [12, 7, 3],
+        "expected_answer": "57",
+        "agent_ref": {"type": "responses_api_agents", "name": "multi_step_simple_agent"},
+    }
+
+    async def collect(head_url: str) -> list:
+        async with GymClient(
+            None,
+            head_url,
+            max_concurrency=1,
+            rollout_deadline_s=30,
+            max_retries=0,
+            backoff_s=0,
+            train_sampling=SamplingProfile(*TRAIN),
+            validation_sampling=SamplingProfile(0.0, 1.0),
+            max_output_tokens=64,
+        ) as client:
+            return await client.run_group(row, num_generations=1, group_id=0, policy_version=0)
+
+    with launch_builtin_gym(policy_server, resources=("multi_step",), max_steps=4) as gym:
+        [trajectory] = asyncio.run(collect(gym.head_url))
+    assert trajectory.reward == 1.0 and trajectory.reward_components == {"correct_answer": 1.0}
+    roles = [span.role for span in trajectory.message_log]
+    assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    # The tool turns hold the tools' compact JSON: the multiply ran on the add's result.
+    tool_texts = []
+    position = 0
+    for span in trajectory.message_log:
+        if span.role == "tool":
+            tool_texts.append(tokenizer.decode(trajectory.token_ids[position : position + span.num_tokens]))
+        position += span.num_tokens
+    assert '{"result":19}' in tool_texts[0] and '{"result":57}' in tool_texts[1]
+    assert trajectory.task == {"operands": [12, 7, 3], "expected_answer": "57"}
 
 
 @pytest.mark.integration

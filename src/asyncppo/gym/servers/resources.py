@@ -1,4 +1,4 @@
-"""Built-in resources servers (gym-protocol.md 2.3): `math`, `weather` and `session_counter` as FastAPI apps.
+"""Built-in resources servers (gym-protocol.md 2.3): `math`, `weather`, `session_counter` and `multi_step` (FastAPI).
 
 Each serves `POST /seed_session` (answers `{}` and sets the session cookie), `POST /verify` (echoes the request
 and adds `reward`) and one `POST /<tool_name>` per tool. The simple agent (`servers/agent.py`) calls them;
@@ -34,6 +34,22 @@ SESSION_COUNTER_TOOLS = [
     }
 ]
 WEATHER_CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "foggy")
+MULTI_STEP_TOOLS = [
+    {
+        "type": "function",
+        "name": name,
+        "description": description,
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    }
+    for name, description in (
+        ("add", "The sum a + b of two integers."),
+        ("multiply", "The product a * b of two integers."),
+    )
+]
 
 
 class Sessions:
@@ -185,10 +201,97 @@ def create_session_counter_app() -> FastAPI:
     return app
 
 
+def create_multi_step_app() -> FastAPI:
+    """Tools `add(a, b)` and `multiply(a, b)` on integers for rows asking for `(a + b) * c` (row field
+    `operands: [a, b, c]`); verify rewards a final answer whose last number equals the row's `expected_answer`.
+
+    A tool answers `{"result": n}`, or 400 with an error body naming the argument when `a` or `b` is missing or
+    not an integer (other argument keys are ignored). Verify also reports `num_tool_calls` (every add/multiply
+    call of the session, bad ones included) and `dependent_calls_ok` (see `dependent_calls_ok`); both are
+    diagnostics, the reward is the answer alone (`reward_components: {"correct_answer": reward}`).
+    """
+    app = _base_app("asyncppo multi_step resources server")
+    sessions = Sessions()
+
+    @app.post("/seed_session", response_model=None)
+    async def seed_session(response: Response, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
+        operands = body.get("operands")
+        if not isinstance(operands, list) or len(operands) != 3 or not all(_is_int(value) for value in operands):
+            return JSONResponse(
+                {"error": f"operands must be a list of three integers [a, b, c], got {operands!r}"}, 422
+            )
+        sessions.seed(response, {"operands": list(operands), "calls": []})
+        return {}
+
+    def tool(name: str, compute: Callable[[int, int], int]) -> None:
+        @app.post(f"/{name}", name=name, response_model=None)
+        async def call(request: Request, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
+            state = sessions.get(request)
+            if state is None:
+                return _no_session()
+            record: dict[str, Any] = {"name": name, "arguments": body, "result": None}
+            state["calls"].append(record)
+            for key in ("a", "b"):
+                if key not in body:
+                    return JSONResponse({"error": f"{name} needs an integer argument `{key}`, it is missing"}, 400)
+                if not _is_int(body[key]):
+                    return JSONResponse({"error": f"{name} needs an integer `{key}`, got {body[key]!r}"}, 400)
+            record["result"] = compute(body["a"], body["b"])
+            return {"result": record["result"]}
+
+    tool("add", lambda a, b: a + b)
+    tool("multiply", lambda a, b: a * b)
+
+    @app.post("/verify", response_model=None)
+    async def verify(request: Request, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
+        state = sessions.end(request)
+        if state is None:
+            return _no_session()
+        expected = last_number(str(body.get("expected_answer", "")))
+        if expected is None:
+            return JSONResponse(
+                {"error": f"expected_answer must be a number, got {body.get('expected_answer')!r}"}, 422
+            )
+        extracted = last_number(final_assistant_text(body.get("response")))
+        reward = 1.0 if extracted == expected else 0.0
+        return {
+            **body,
+            "reward": reward,
+            "reward_components": {"correct_answer": reward},
+            "extracted_answer": extracted,
+            "num_tool_calls": len(state["calls"]),
+            "dependent_calls_ok": dependent_calls_ok(state["calls"], state["operands"]),
+        }
+
+    return app
+
+
+def dependent_calls_ok(calls: list[dict[str, Any]], operands: list[int]) -> bool:
+    """Whether a successful `add` of a and b (either order) was followed, later in `calls`, by a successful
+    `multiply` of its result and c (either order): the second call depended on the first one's output."""
+    a, b, c = operands
+    for position, call in enumerate(calls):
+        if call["name"] != "add" or call["result"] is None or _int_pair(call) != sorted((a, b)):
+            continue
+        for later in calls[position + 1 :]:
+            if later["name"] == "multiply" and later["result"] is not None and _int_pair(later) == sorted((a + b, c)):
+                return True
+    return False
+
+
+def _int_pair(call: dict[str, Any]) -> list[int]:
+    return sorted((call["arguments"]["a"], call["arguments"]["b"]))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not a number
+
+
 RESOURCES_APPS: dict[str, Callable[[], FastAPI]] = {
     "math": create_math_app,
     "weather": create_weather_app,
     "session_counter": create_session_counter_app,
+    "multi_step": create_multi_step_app,
 }
 
 
