@@ -19,6 +19,7 @@ from asyncppo.config import ConfigError, RunConfig
 from asyncppo.config.models import TrainedModelConfig
 from asyncppo.generation.protocol import SamplingParams
 from asyncppo.models.demo_policy import ensure_arithmetic_policy
+from asyncppo.models.demo_tool_policy import ensure_tool_policy
 from asyncppo.models.tiny import PRESETS, ensure_tiny
 from asyncppo.workers.endpoints import EngineSettings, GeneratorEndpoint, PolicyEndpoint, ValueEndpoint
 from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
@@ -28,7 +29,7 @@ from asyncppo.workers.value_worker import ValueWorker
 
 TINY_PREFIX = "tiny:"
 DEMO_PREFIX = "demo:"
-DEMO_MODELS = {"arithmetic": ensure_arithmetic_policy}
+DEMO_MODELS = {"arithmetic": ensure_arithmetic_policy, "multi_step": ensure_tool_policy}
 
 
 def cache_dir() -> Path:
