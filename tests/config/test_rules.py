@@ -240,3 +240,41 @@ def test_reward_function_must_be_known_or_importable_name(tree):
 def test_reward_shaping_needs_lengths(tree):
     tree["ppo"]["reward_shaping"] = {"enabled": True}
     assert _rejected(tree).startswith("ppo.reward_shaping.overlong_buffer_length: required")
+
+
+def test_gym_rollouts_need_top_k_zero_and_no_stop_token_ids(tree):
+    tree["env"] = {"should_use_nemo_gym": True}
+    tree["generation"] = {"top_k": 20}
+    assert _rejected(tree).startswith("generation.top_k: must be 0 with env.should_use_nemo_gym (got 20)")
+    tree["generation"] = {"stop_token_ids": [7]}
+    assert _rejected(tree).startswith("generation.stop_token_ids: must be null with env.should_use_nemo_gym")
+    tree["generation"] = {}
+    assert validate_tree(tree).env.gym.resources == ["math"]
+
+
+def test_external_gym_must_say_where_the_agents_are(tree):
+    tree["env"] = {"should_use_nemo_gym": True, "gym": {"launch": "external"}}
+    assert _rejected(tree).startswith("env.gym.head_server_url: launch: external needs exactly one of")
+    tree["env"]["gym"]["head_server_url"] = "http://127.0.0.1:5000"
+    assert validate_tree(tree).env.gym.head_server_url == "http://127.0.0.1:5000"
+    tree["env"]["gym"]["agent_urls"] = {"a": "http://127.0.0.1:5001"}
+    assert _rejected(tree).startswith("env.gym.head_server_url: launch: external needs exactly one of")
+    tree["env"]["gym"] = {"head_server_url": "http://127.0.0.1:5000"}
+    assert _rejected(tree).startswith("env.gym.launch: builtin starts its own servers")
+
+
+def test_max_rollout_turns_is_rejected_before_any_process_starts(tree):
+    from asyncppo.cli.run import check_supported
+
+    tree["ppo"]["max_rollout_turns"] = 3
+    with pytest.raises(ConfigError, match="reward-function rollouts are single-turn"):
+        check_supported(validate_tree(tree))
+    tree["env"] = {"should_use_nemo_gym": True}
+    with pytest.raises(
+        ConfigError, match=r"gym agents bound their own turns \(the built-in agent: env.gym.max_steps\)"
+    ):
+        check_supported(validate_tree(tree))
+    tree["ppo"]["max_rollout_turns"] = 1
+    tree["env"]["gym"] = {"resources": ["math", "chess"]}
+    with pytest.raises(ConfigError, match=r"env\.gym\.resources: unknown built-in environment 'chess'"):
+        check_supported(validate_tree(tree))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncppo.data.rows import load_rows, prompt_messages, split_rows
+from asyncppo.data.rows import load_gym_rows, load_rows, prompt_messages, split_rows
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
 
@@ -128,3 +128,16 @@ def test_split_rows_is_deterministic_disjoint_and_keeps_order():
 def test_split_rows_rejects_fractions_that_leave_no_training_rows(fraction):
     with pytest.raises(ValueError, match="validation_fraction"):
         split_rows([{"prompt": "a"}, {"prompt": "b"}], fraction, seed=0)
+
+
+def test_gym_rows_need_responses_create_params_with_an_input(tmp_path):
+    good = {"responses_create_params": {"input": "2+2?"}, "expected_answer": "4", "agent_ref": {"name": "a"}}
+    path = tmp_path / "gym.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps({"responses_create_params": {"input": []}}) + "\n")
+    with pytest.raises(ValueError, match=r"gym.jsonl row 1 \(line 3\): responses_create_params.input must be"):
+        load_gym_rows(path)
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"prompt": "2+2?"}) + "\n")
+    with pytest.raises(ValueError, match=r"row 1 \(line 2\): a gym row needs a `responses_create_params` object"):
+        load_gym_rows(path)
+    path.write_text(json.dumps(good) + "\n")
+    assert load_gym_rows(path) == [good]  # unchanged: task fields and agent_ref pass through

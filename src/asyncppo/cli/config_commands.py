@@ -2,14 +2,18 @@
 
 import argparse
 
-from pydantic_core import PydanticUndefined
+from pydantic.fields import FieldInfo
 
 from asyncppo.config import RunConfig, dump_config, load_config
 from asyncppo.config.schema_walk import iter_keys
 
 
-def _describe_default(default: object) -> str:
-    return "required" if default is PydanticUndefined else f"default {default!r}"
+def _describe_default(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
+    # A list or dict default comes from a factory; show the value a fresh config gets.
+    default = info.get_default(call_default_factory=True)
+    return f"default {default!r}"
 
 
 def run_config_command(args: argparse.Namespace) -> int:
@@ -21,5 +25,5 @@ def run_config_command(args: argparse.Namespace) -> int:
         if not path.startswith(args.prefix):
             continue
         description = " ".join((info.description or "").split())
-        print(f"{path} ({_describe_default(info.default)}): {description}")
+        print(f"{path} ({_describe_default(info)}): {description}")
     return 0

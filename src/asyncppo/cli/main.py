@@ -3,6 +3,7 @@
     asyncppo config show CONFIG [key=value ...]   print the resolved config
     asyncppo config keys [PREFIX]                 list every config key with its meaning
     asyncppo train CONFIG [key=value ...]         train (see cli/train.py)
+    asyncppo gym serve CONFIG [key=value ...]     serve the policy and the built-in gym (see cli/gym_serve.py)
 
 User mistakes (config errors) print one line each and exit with status 2, never a traceback.
 """
@@ -14,6 +15,36 @@ from collections.abc import Sequence
 from asyncppo.config import ConfigError
 
 USAGE_ERROR = 2
+
+
+GYM_SERVE_DESCRIPTION = """\
+Serve a policy model and asyncppo's built-in gym environments over HTTP, to try a model, an environment or an
+OpenAI-compatible client by hand. Nothing is trained. All servers listen on 127.0.0.1 only.
+
+It reads the run config that `asyncppo train` takes and starts, in this one process:
+  - the policy server: model.model_name (a local Hugging Face directory, tiny:<preset> or demo:<name>) on
+    cluster.device, at http://127.0.0.1:<env.gym.policy_server_port>/v1 (0 = a free port), answering
+    POST /v1/chat/completions and POST /v1/responses (OpenAI wire format; every answer carries the exact
+    prompt_token_ids, generation_token_ids and generation_log_probs), GET /v1/models and POST /tokenize;
+  - per built-in environment named in env.gym.resources (`asyncppo config keys env.gym.resources` lists them):
+    a resources server and a simple agent, <name>_simple_agent, whose POST /run plays one dataset row (up to
+    env.gym.max_steps model calls) and answers the verified result with its reward;
+  - a head server listing the agents (GET /global_config_dict_yaml), for gym clients.
+
+It prints one line per server, then `ready`, and serves until Ctrl-C or SIGTERM, then stops everything and
+exits 0. Requests must send temperature and top_p equal to the training profile (generation.temperature,
+generation.top_p) or the validation one (generation.val_temperature, generation.val_top_p; 0 = greedy), or
+they are refused with 400: this server only samples the way training does. When env.gym.api_key is set,
+send it as `Authorization: Bearer <key>` (the OpenAI clients' api_key)."""
+
+GYM_SERVE_EPILOG = """\
+example (the demo config samples with temperature 1.0, top_p 1.0):
+  asyncppo gym serve examples/configs/demo.yaml env.gym.policy_server_port=8000
+  # then, in Python:
+  import openai
+  client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+  client.responses.create(model="policy", input="What is 2+3?", temperature=1.0, top_p=1.0).output_text
+"""
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -32,6 +63,18 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="YAML run config")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.ppo_epochs=2")
     train.add_argument("--run-dir", default=None, help="run directory (default: logger.log_dir)")
+
+    gym = commands.add_parser("gym", help="serve a policy and gym environments over HTTP (no training)")
+    gym_commands = gym.add_subparsers(dest="gym_command", required=True, metavar="SUBCOMMAND")
+    serve = gym_commands.add_parser(
+        "serve",
+        help="serve the config's policy model and the built-in gym environments until Ctrl-C",
+        description=GYM_SERVE_DESCRIPTION,
+        epilog=GYM_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("config", help="YAML run config (the one `asyncppo train` takes)")
+    serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. env.gym.max_steps=4")
     return parser
 
 
@@ -55,6 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from asyncppo.cli.train import run_train_command
 
             return run_train_command(args)
+        if args.command == "gym":
+            from asyncppo.cli.gym_serve import run_gym_serve_command
+
+            return run_gym_serve_command(args)
     except ConfigError as error:
         for line in error.lines:
             print(f"error: {line}", file=sys.stderr)

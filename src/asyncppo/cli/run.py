@@ -9,7 +9,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,16 +25,19 @@ from asyncppo.checkpoint import (
     save_state,
 )
 from asyncppo.cli import builders
+from asyncppo.cli.gym_setup import FAILURE_BUDGET_KEY, GymRollouts, check_builtin_resources, start_gym_rollouts
 from asyncppo.cli.ppo_step import StepSettings
 from asyncppo.config import ConfigError, RunConfig, dump_config
 from asyncppo.data.prompt_stream import PromptStream
-from asyncppo.data.rows import load_rows, split_rows
+from asyncppo.data.rows import load_gym_rows, load_rows, split_rows
 from asyncppo.distributed.process_group import SyncGroupSpec, free_port
 from asyncppo.generation.protocol import SamplingParams
 from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBoardSink
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.pipeline.async_source import build_async_source
-from asyncppo.pipeline.sources import BatchSource, SyncBatchSource
+from asyncppo.pipeline.collector import GroupRolloutFn
+from asyncppo.pipeline.failures import StepFailureBudget
+from asyncppo.pipeline.sources import BatchSource, GroupRolloutsFn, SyncBatchSource, strict_group_rollouts
 from asyncppo.rollout.rewards import load_reward_function
 from asyncppo.rollout.single_turn import run_single_turn_rollouts
 from asyncppo.rollout.trajectory import Trajectory
@@ -53,6 +56,17 @@ POLICY_DIR, VALUE_DIR, SOURCE_STATE_FILE, RNG_STATE_FILE, CONFIG_FILE, ACCOUNTIN
 )
 
 
+class PublishedVersion:
+    """The weight version the generators hold (set on every publish); gym rollouts stamp it on trajectories."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+ValidationRolloutFn = Callable[[Sequence[dict[str, Any]], int], tuple[list[Trajectory], int]]
+"""(validation rows, generations per row) -> (trajectories, number of failed prompt groups)."""
+
+
 @dataclass
 class Run:
     """Everything the driver loop uses. Built by `build_run`; `close()` releases it."""
@@ -66,12 +80,17 @@ class Run:
     weight_sync: WeightSync | None
     source: BatchSource
     validation_rows: list[dict[str, Any]]
-    rollout: Any
-    validation_sampling: SamplingParams
+    validation_rollout: ValidationRolloutFn
     metrics: MetricsLogger
     checkpoints: CheckpointManager | None
     pad_token_id: int
+    published: PublishedVersion
     groups: list[WorkerGroup] = field(default_factory=list[WorkerGroup])
+    gym: GymRollouts | None = None
+
+    def rollout_metrics(self) -> dict[str, float]:
+        """Cumulative rollout-side counters logged with every step (gym requests, retries, failures, penalties)."""
+        return self.gym.runner.metrics() if self.gym is not None else {}
 
     def start_generation(self, step: int, seed_offset: int = 0) -> None:
         """Per-step sampling seed: a resumed sync run draws exactly what an uninterrupted one would.
@@ -86,8 +105,10 @@ class Run:
         """Make generation use the policy of `version`: a push (non-colocated) or just the version (colocated)."""
         if self.weight_sync is not None and trained:
             report = self.weight_sync.push(version)
+            self.published.value = version
             return {"timing/weight_sync": report.seconds, "weight_sync/bytes": float(report.num_bytes)}
         self.generator.set_policy_version(version)
+        self.published.value = version
         return {}
 
     def validate(self, step: int) -> dict[str, float]:
@@ -98,16 +119,19 @@ class Run:
         if not rows:
             return {}
         self.start_generation(step, seed_offset=104729)
-        generations = self.config.ppo.val_num_generations_per_prompt
-        trajectories: list[Trajectory] = self.rollout(
-            rows, 0, sampling=self.validation_sampling, generations=generations
-        )
+        trajectories, num_failed_groups = self.validation_rollout(rows, self.config.ppo.val_num_generations_per_prompt)
+        metrics = {"val/num_samples": float(len(trajectories)), "val/failed_groups": float(num_failed_groups)}
+        if not trajectories:
+            log.warning("validation at step %d: every prompt group failed; no reward to report", step)
+            return metrics
         rewards = [t.reward for t in trajectories]
         lengths = [t.num_generated_tokens for t in trajectories]
+        turns = [sum(span.role == "assistant" for span in t.message_log) for t in trajectories]
         return {
+            **metrics,
             "val/reward_mean": sum(rewards) / len(rewards),
             "val/response_length_mean": sum(lengths) / len(lengths),
-            "val/num_samples": float(len(trajectories)),
+            "val/turns_per_sample": sum(turns) / len(turns),
         }
 
     def restore(self) -> int:
@@ -173,28 +197,41 @@ class Run:
         try:
             self.source.close()
             self.metrics.close()
+            if self.gym is not None:
+                self.gym.close()
         finally:
             for group in self.groups:
                 group.kill()
 
 
-def _rollout_fn(config: RunConfig, generator: RemoteGenerator, tokenizer: Any, train_sampling: SamplingParams):
+@dataclass(frozen=True)
+class RolloutFunctions:
+    """How a run gets trajectories: the sync source's, the async collector's and validation's rollouts."""
+
+    train: GroupRolloutsFn
+    collector: GroupRolloutFn
+    validation: ValidationRolloutFn
+
+
+def _single_turn_rollouts(
+    config: RunConfig, generator: RemoteGenerator, tokenizer: Any, eos: tuple[int, ...]
+) -> RolloutFunctions:
+    """Reward-function rollouts: one generation per sample from the row's prompt, scored by env.reward_function."""
     reward_fn = load_reward_function(config.env.reward_function)
     max_prompt_tokens = config.data.max_input_seq_length or (
         config.model.max_total_sequence_length - config.generation.max_new_tokens
     )
+    train_profile = builders.train_sampling(config, eos)
+    validation_profile = builders.validation_sampling(config, eos)
 
     def rollout(
-        rows: Sequence[dict[str, Any]],
-        group_id_start: int,
-        sampling: SamplingParams = train_sampling,
-        generations: int = 0,
+        rows: Sequence[dict[str, Any]], group_id_start: int, sampling: SamplingParams, generations: int
     ) -> list[Trajectory]:
         return run_single_turn_rollouts(
             generator,
             tokenizer,
             rows,
-            num_generations_per_prompt=generations or config.ppo.num_generations_per_prompt,
+            num_generations_per_prompt=generations,
             sampling=sampling,
             reward_fn=reward_fn,
             group_id_start=group_id_start,
@@ -204,10 +241,28 @@ def _rollout_fn(config: RunConfig, generator: RemoteGenerator, tokenizer: Any, t
             max_prompt_tokens=max_prompt_tokens,
         )
 
-    return rollout
+    generations = config.ppo.num_generations_per_prompt
+
+    def train(rows: Sequence[dict[str, Any]], group_id_start: int) -> list[Trajectory]:
+        return rollout(rows, group_id_start, train_profile, generations)
+
+    def collector(group_rows: list[dict[str, Any]], draw_ids: list[int]) -> list[list[Trajectory]]:
+        # One prompt group per call: its draw id is its group id, unique across epochs and resumes.
+        return [train([row], draw_id) for row, draw_id in zip(group_rows, draw_ids, strict=True)]
+
+    def validation(rows: Sequence[dict[str, Any]], num_generations: int) -> tuple[list[Trajectory], int]:
+        return rollout(rows, 0, validation_profile, num_generations), 0
+
+    return RolloutFunctions(strict_group_rollouts(train), collector, validation)
 
 
-def _batch_source(config: RunConfig, rows: list[dict[str, Any]], rollout: Any, start_step: int) -> BatchSource:
+def _batch_source(
+    config: RunConfig,
+    rows: list[dict[str, Any]],
+    rollouts: "RolloutFunctions",
+    failure_budget: StepFailureBudget | None,
+    start_step: int,
+) -> BatchSource:
     """Sync: generate each step's batch on demand. Async: a collector runs ahead into a trajectory buffer."""
     ppo = config.ppo
     settings = ppo.async_ppo
@@ -217,15 +272,15 @@ def _batch_source(config: RunConfig, rows: list[dict[str, Any]], rollout: Any, s
         rows, batch_size=ppo.num_prompts_per_step, seed=ppo.seed, shuffle=config.data.shuffle, max_epochs=max_epochs
     )
     if not settings.enabled:
-        return SyncBatchSource(stream, rollout)
-
-    def group_rollout(group_rows: list[dict[str, Any]], draw_ids: list[int]) -> list[list[Trajectory]]:
-        # One prompt group per call: its draw id is its group id, unique across epochs and resumes.
-        return [rollout([row], draw_id) for row, draw_id in zip(group_rows, draw_ids, strict=True)]
-
+        return SyncBatchSource(
+            stream,
+            rollouts.train,
+            num_prompts_per_step=ppo.num_prompts_per_step,
+            failure_budget=failure_budget or StepFailureBudget(0, FAILURE_BUDGET_KEY),
+        )
     return build_async_source(
         stream,
-        group_rollout,
+        rollouts.collector,
         num_prompts_per_step=ppo.num_prompts_per_step,
         start_step=start_step,
         policy_training_start_step=ppo.policy_training_start_step,
@@ -234,15 +289,21 @@ def _batch_source(config: RunConfig, rows: list[dict[str, Any]], rollout: Any, s
         in_flight_weight_updates=settings.in_flight_weight_updates,
         drop_incomplete_targets_on_restore=settings.drop_incomplete_targets_on_restore,
         watchdog_timeout_s=settings.watchdog_timeout_s,
+        failure_budget=failure_budget,
     )
 
 
 def _data(config: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     data = config.data
-    rows = load_rows(data.train_path, prompt_key=data.prompt_key, messages_key=data.messages_key)
+
+    def load(path: str) -> list[dict[str, Any]]:
+        if config.env.should_use_nemo_gym:
+            return load_gym_rows(path)
+        return load_rows(path, prompt_key=data.prompt_key, messages_key=data.messages_key)
+
+    rows = load(data.train_path)
     if data.validation_path is not None:
-        validation = load_rows(data.validation_path, prompt_key=data.prompt_key, messages_key=data.messages_key)
-        return rows, validation
+        return rows, load(data.validation_path)
     return split_rows(rows, data.validation_fraction, config.ppo.seed)
 
 
@@ -262,15 +323,20 @@ def _host_options(device: str, num_gpus: float, max_concurrency: int = 1) -> Hos
 
 def check_supported(config: RunConfig) -> None:
     """Fail before starting anything when the config asks for a mode this version does not run yet."""
-    if config.env.should_use_nemo_gym:
-        raise ConfigError(["env.should_use_nemo_gym: gym rollouts are not implemented yet (issue #6)"])
     if config.ppo.max_rollout_turns != 1:
-        raise ConfigError(["ppo.max_rollout_turns: single-turn rollouts only until gym rollouts land (issue #6)"])
+        where = (
+            "gym agents bound their own turns (the built-in agent: env.gym.max_steps)"
+            if config.env.should_use_nemo_gym
+            else "reward-function rollouts are single-turn; multi-turn rollouts come from the gym"
+        )
+        raise ConfigError([f"ppo.max_rollout_turns: {config.ppo.max_rollout_turns} is not supported: {where}"])
+    check_builtin_resources(config)
 
 
 def build_run(config: RunConfig, run_dir: Path) -> Run:
     """Start Ray and every worker, connect weight sync, and open data, sinks and checkpoints."""
     check_supported(config)
+    train_rows, validation_rows = _data(config)  # before any process starts: a data error costs nothing
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(dump_config(config))
     paths = builders.model_paths(config)
@@ -338,8 +404,21 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         raise
 
     generator = RemoteGenerator(generation_group)
-    train_rows, validation_rows = _data(config)
-    rollout = _rollout_fn(config, generator, tokenizer, builders.train_sampling(config, eos))
+    published = PublishedVersion()
+    gym = None
+    if config.env.should_use_nemo_gym:
+        try:
+            gym = start_gym_rollouts(config, generation_group, tokenizer, str(paths.tokenizer), lambda: published.value)
+        except BaseException:
+            for group in groups:
+                group.kill()
+            raise
+        generations = config.ppo.num_generations_per_prompt
+        rollouts = RolloutFunctions(gym.train_outcomes(generations), gym.collector_rollout(generations), gym.validation)
+        failure_budget = StepFailureBudget(config.env.gym.max_failed_groups_per_step, FAILURE_BUDGET_KEY)
+    else:
+        rollouts = _single_turn_rollouts(config, generator, tokenizer, eos)
+        failure_budget = None
     checkpoints = None
     if config.checkpointing.enabled:
         checkpoint_dir = Path(config.checkpointing.checkpoint_dir or run_dir / "checkpoints")
@@ -351,7 +430,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         )
     latest = checkpoints.latest() if checkpoints is not None else None
     resume_step = load_run_state(latest).step if latest is not None else 0
-    source = _batch_source(config, train_rows, rollout, resume_step)
+    source = _batch_source(config, train_rows, rollouts, failure_budget, resume_step)
     return Run(
         config=config,
         run_dir=run_dir,
@@ -362,12 +441,13 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         weight_sync=weight_sync,
         source=source,
         validation_rows=validation_rows,
-        rollout=rollout,
-        validation_sampling=builders.validation_sampling(config, eos),
+        validation_rollout=rollouts.validation,
         metrics=_metrics_logger(config, run_dir, resume_step),
         checkpoints=checkpoints,
         pad_token_id=pad,
+        published=published,
         groups=groups,
+        gym=gym,
     )
 
 

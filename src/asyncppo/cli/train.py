@@ -65,6 +65,7 @@ def train(run: Run) -> None:
             _dump_rollouts(run, output, completed, metrics)
         metrics["timing/generation"] = generated - started
         metrics["timing/step"] = time.perf_counter() - started
+        metrics.update(run.rollout_metrics())  # cumulative, so read last: validation's rollouts count too
         run.metrics.log(completed, metrics)
         out_of_time = deadline is not None and time.monotonic() - run_started >= deadline
         if run.config.checkpointing.enabled and (

@@ -56,6 +56,7 @@ class RunConfig(Section):
         self._check_critic()
         self._check_async()
         self._check_kl()
+        self._check_gym()
         if self.reward_penalties.any_enabled and not self.env.should_use_nemo_gym:
             raise RuleError(
                 "reward_penalties",
@@ -77,6 +78,22 @@ class RunConfig(Section):
                 f"model.max_total_sequence_length={self.model.max_total_sequence_length}",
             )
         return self
+
+    def _check_gym(self) -> None:
+        if not self.env.should_use_nemo_gym:
+            return
+        if self.generation.top_k != 0:
+            raise RuleError(
+                "generation.top_k",
+                f"must be 0 with env.should_use_nemo_gym (got {self.generation.top_k}): gym agents sample through the "
+                "policy server, which serves (temperature, top_p) profiles only",
+            )
+        if self.generation.stop_token_ids:
+            raise RuleError(
+                "generation.stop_token_ids",
+                "must be null with env.should_use_nemo_gym: gym rollouts stop on the chat template's end-of-turn "
+                "token, and agents never send stop sequences",
+            )
 
     def _check_critic(self) -> None:
         estimator = self.ppo.adv_estimator

@@ -48,6 +48,33 @@ def load_rows(
     return [_canonical_row(row, prompt_key, messages_key, place) for row, place in zip(raw_rows, where, strict=True)]
 
 
+def load_gym_rows(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
+    """Gym rows (NeMo-Gym `/run` bodies) of a `.jsonl` file or a saved dataset, checked and otherwise unchanged.
+
+    Each row needs `responses_create_params` with an `input` (a string or a non-empty list of items); task
+    fields and `agent_ref` pass through. Raises ValueError naming the file and line or row of a bad row.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raw_rows = _read_saved_dataset(path, split)
+        where = [f"{path} row {index}" for index in range(len(raw_rows))]
+    elif path.is_file() and path.suffix == ".jsonl":
+        line_numbers, raw_rows = _read_jsonl(path)
+        where = [f"{path} row {index} (line {line})" for index, line in enumerate(line_numbers)]
+    else:
+        raise ValueError(f"gym data path {str(path)!r} is neither a .jsonl file nor a save_to_disk directory")
+    for row, place in zip(raw_rows, where, strict=True):
+        params = row.get("responses_create_params")
+        if not isinstance(params, dict):
+            raise ValueError(f"{place}: a gym row needs a `responses_create_params` object; keys found: {sorted(row)}")
+        given = params.get("input")
+        if not (isinstance(given, str) and given) and not (isinstance(given, list) and given):
+            raise ValueError(
+                f"{place}: responses_create_params.input must be a non-empty string or list of items, got {given!r:.80}"
+            )
+    return raw_rows
+
+
 def _read_jsonl(path: Path) -> tuple[list[int], list[dict[str, Any]]]:
     """(1-based line numbers, objects) of the non-blank lines of a JSONL file."""
     line_numbers, rows = [], []

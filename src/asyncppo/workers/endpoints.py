@@ -26,8 +26,10 @@ from asyncppo.distributed.weight_sync import (
 )
 from asyncppo.generation.hf_generator import HFGenerator
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
+from asyncppo.gym.policy_server import PolicyServer
 from asyncppo.models.policy import load_policy
 from asyncppo.rollout.batch import TrainBatch
+from asyncppo.workers.policy_http import PolicyServerSettings, start_policy_server
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.value_worker import ValueWorker
 
@@ -64,6 +66,7 @@ class PolicyEndpoint:
         self.rank = rank
         self.generator = _engine(worker.model, colocated_engine, rank) if colocated_engine is not None else None
         self._sender: WeightSender | None = None
+        self._server: PolicyServer | None = None
 
     # -- training (the PolicyModel side of the PPO step) --
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -95,6 +98,14 @@ class PolicyEndpoint:
         if self.generator is not None:
             self.generator.reseed(seed + 1000 * self.rank)
 
+    def serve_http(self, settings: PolicyServerSettings) -> str:
+        """Serve the colocated generator to gym agents; returns the OpenAI base URL (`http://host:port/v1`)."""
+        if self.generator is None:
+            raise RuntimeError("this policy worker has no colocated generator to serve")
+        if self._server is None:
+            self._server = start_policy_server(self.generator, settings, self.rank)
+        return self._server.url
+
     # -- weight sync, sender side --
     def param_specs(self) -> list[ParamSpec]:
         return param_specs(self.worker.named_weights())
@@ -120,6 +131,8 @@ class PolicyEndpoint:
         return next(self.worker.model.parameters()).device if spec.backend == "nccl" else torch.device("cpu")
 
     def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
         if self.generator is not None:
             self.generator.close()
 
@@ -162,6 +175,13 @@ class GeneratorEndpoint:
         self._specs: list[ParamSpec] = []
         # Serialises weight loads with each other; the engine's own lock keeps them out of running batches.
         self._sync_lock = threading.Lock()
+        self._server: PolicyServer | None = None
+
+    def serve_http(self, settings: PolicyServerSettings) -> str:
+        """Serve this engine to gym agents; returns the OpenAI base URL (`http://host:port/v1`)."""
+        if self._server is None:
+            self._server = start_policy_server(self.generator, settings, self.rank)
+        return self._server.url
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         return self.generator.generate(requests)
@@ -213,4 +233,6 @@ class GeneratorEndpoint:
         self.generator.reseed(seed + 1000 * self.rank)
 
     def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
         self.generator.close()

@@ -6,12 +6,15 @@ Responses-API proxy in between) and returns the verify response in the shape `gy
     POST /run(row) --> resources /seed_session (cookie C)
       loop: policy /v1/chat/completions(history with token fields) --> items (token fields on the turn's last)
             tool calls --> resources /<tool> (cookie C) --> tool messages
-      until a turn calls no tool, stops on length, or max_steps --> resources /verify(row + response, C)
+      until a turn calls no tool, stops on length, outgrows the context (the policy server's 400
+      "context length": a graceful stop) or max_steps --> resources /verify(row + response, C)
 """
 
+import itertools
 import json
 import re
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -24,6 +27,8 @@ from asyncppo.gym.results import quote
 # Routes of the resources server itself, which a model-chosen tool name must never reach (gym-protocol.md 2.3).
 RESERVED_TOOL_NAMES = frozenset({"seed_session", "verify", "aggregate_metrics", "mcp", "health"})
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+# A policy server's 400 for a prompt over the context (gym-protocol.md 2.5) contains this phrase.
+CONTEXT_FULL = "context length"
 
 
 class RunRequest(BaseModel):
@@ -96,12 +101,24 @@ def turn_items(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def create_simple_agent_app(
-    model_base_url: str, resources_url: str, *, model_name: str, max_steps: int, api_key: str | None = None
+    model_base_url: str | Sequence[str],
+    resources_url: str,
+    *,
+    model_name: str,
+    max_steps: int,
+    api_key: str | None = None,
 ) -> FastAPI:
-    """The agent app; every rollout uses `model_name` on the policy server and tools of `resources_url`."""
+    """The agent app; every rollout uses `model_name` on a policy server and tools of `resources_url`.
+
+    With several policy servers (one per generator worker) each rollout sticks to one of them, taken in turn,
+    so its turns reach the same engine (Gym's sticky sessions) and the load spreads evenly.
+    """
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    model_url = chat_completions_url(model_base_url)
+    base_urls = [model_base_url] if isinstance(model_base_url, str) else list(model_base_url)
+    if not base_urls:
+        raise ValueError("model_base_url: need at least one policy server URL")
+    model_urls = itertools.cycle([chat_completions_url(url) for url in base_urls])
     resources_url = resources_url.rstrip("/")
     model_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     app = FastAPI(title="asyncppo simple_agent")
@@ -123,14 +140,18 @@ def create_simple_agent_app(
                 seed = await _post(http, f"{resources_url}/seed_session", row)
                 cookie = "; ".join(f"{name}={value}" for name, value in seed.cookies.items())
                 session = {"Cookie": cookie} if cookie else {}
-                response = await _rollout(http, row, messages, session)
+                response = await _rollout(http, next(model_urls), row, messages, session)
                 verified = await _post(http, f"{resources_url}/verify", row | {"response": response}, session)
             except UpstreamError as error:
                 return JSONResponse({"error": str(error)}, 502)
         return verified.json()
 
     async def _rollout(
-        http: httpx.AsyncClient, row: dict[str, Any], messages: list[dict[str, Any]], session: dict[str, str]
+        http: httpx.AsyncClient,
+        model_url: str,
+        row: dict[str, Any],
+        messages: list[dict[str, Any]],
+        session: dict[str, str],
     ) -> dict[str, Any]:
         params = row["responses_create_params"]
         request = {"model": model_name, "tools": chat_tools(params.get("tools")), "logprobs": True}
@@ -140,7 +161,12 @@ def create_simple_agent_app(
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         incomplete = None
         for _ in range(max_steps):
-            answer = (await _post(http, model_url, request | {"messages": messages}, model_headers)).json()
+            reply = await _post(http, model_url, request | {"messages": messages}, model_headers, CONTEXT_FULL)
+            if reply.status_code == 400:
+                # The conversation outgrew the context: a graceful stop, as Gym's model server makes it.
+                incomplete = {"reason": "max_output_tokens"}
+                break
+            answer = reply.json()
             choice = answer["choices"][0]
             message = choice["message"]
             usage["input_tokens"] += answer["usage"]["prompt_tokens"]
@@ -189,12 +215,19 @@ def create_simple_agent_app(
 
 
 async def _post(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    http: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    tolerated_400: str | None = None,
 ) -> httpx.Response:
+    """The answer of a 200, or of a 400 whose body contains `tolerated_400`; UpstreamError otherwise."""
     try:
         answer = await http.post(url, json=body, headers=headers)
     except httpx.TransportError as error:
         raise UpstreamError(f"POST {url}: {type(error).__name__}: {error}") from error
+    if answer.status_code == 400 and tolerated_400 is not None and tolerated_400 in answer.text:
+        return answer
     if answer.status_code != 200:
         raise UpstreamError(f"POST {url} answered {answer.status_code}: {quote(answer.text)}")
     return answer

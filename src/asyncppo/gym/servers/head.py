@@ -18,7 +18,7 @@ def gym_config(
     head: tuple[str, int],
     resources: Mapping[str, tuple[str, int]],
     agents: Mapping[str, tuple[str, str, int]],
-    model_base_url: str,
+    model_base_url: str | list[str],
 ) -> dict[str, Any]:
     """A resolved gym config: `resources` maps resources name -> (host, port), `agents` maps agent instance
     name -> (resources name, host, port). Instances are 3-level blocks `name.<server type>.<implementation>`."""

@@ -56,7 +56,7 @@ class BuiltinGym:
 
 
 def launch_builtin_gym(
-    model_base_url: str,
+    model_base_url: str | Sequence[str],
     *,
     resources: Sequence[str] = ("math",),
     max_steps: int,
@@ -65,7 +65,8 @@ def launch_builtin_gym(
 ) -> BuiltinGym:
     """Start head, agents and resources servers; returns once all answer /health.
 
-    `model_base_url` is the policy server's OpenAI base URL (`http://host:port/v1`) or root; `resources` names
+    `model_base_url` is the policy server's OpenAI base URL (`http://host:port/v1`) or root, or a list of them
+    (one per generator worker; agents spread rollouts over them); `resources` names
     built-in environments (see `resources.RESOURCES_APPS`), one agent each, named by `agent_instance_name`.
     """
     if not resources or len(set(resources)) != len(resources):
@@ -87,7 +88,7 @@ def launch_builtin_gym(
         head=(HOST, 0),
         resources={name: (HOST, server.port) for name, server in resources_servers.items()},
         agents={agent_instance_name(name): (name, HOST, agents[agent_instance_name(name)].port) for name in resources},
-        model_base_url=model_base_url,
+        model_base_url=model_base_url if isinstance(model_base_url, str) else list(model_base_url),
     )
     head = PolicyServer(create_head_app(config), host=HOST)
     config["head_server"]["port"] = head.port  # known only once the head's socket is bound

@@ -1,0 +1,175 @@
+"""Training through the gym: policy servers on the generation hosts, the gym servers, and the rollout functions.
+
+`cli/run.py` calls `start_gym_rollouts` when `env.should_use_nemo_gym` is true:
+
+    generation hosts: serve_http -> policy server URLs --(launch: builtin)--> launch_builtin_gym(head, agents, envs)
+    GymRolloutRunner(head URL or agent URLs) --> train outcomes (sync source, async collector) and validation
+"""
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from asyncppo.config import ConfigError, RunConfig
+from asyncppo.gym.client import SamplingProfile
+from asyncppo.gym.runner import GroupOutcome, GymClientSettings, GymRolloutRunner
+from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
+from asyncppo.gym.servers.resources import RESOURCES_APPS
+from asyncppo.rollout.penalties import PenaltySettings
+from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.workers.policy_http import PolicyServerSettings
+from asyncppo.workers.ray_host import WorkerGroup
+
+log = logging.getLogger(__name__)
+FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
+Row = dict[str, Any]
+
+
+def sampling_profiles(config: RunConfig) -> tuple[SamplingProfile, SamplingProfile]:
+    """(train, validation) (temperature, top_p) pairs: what the client stamps and the policy server enforces."""
+    generation = config.generation
+    validation_temperature = (
+        generation.temperature if generation.val_temperature is None else generation.val_temperature
+    )
+    validation_top_p = generation.top_p if generation.val_top_p is None else generation.val_top_p
+    return (
+        SamplingProfile(generation.temperature, generation.top_p),
+        SamplingProfile(validation_temperature, validation_top_p),
+    )
+
+
+def policy_server_settings(config: RunConfig, tokenizer_path: str) -> PolicyServerSettings:
+    train, validation = sampling_profiles(config)
+    gym = config.env.gym
+    return PolicyServerSettings(
+        tokenizer_path=tokenizer_path,
+        model_name=gym.model_name,
+        train_sampling=(train.temperature, train.top_p),
+        validation_sampling=(validation.temperature, validation.top_p),
+        max_model_len=config.model.max_total_sequence_length,
+        api_key=gym.api_key,
+        port=gym.policy_server_port,
+    )
+
+
+def penalty_settings(config: RunConfig) -> PenaltySettings:
+    penalties = config.reward_penalties
+    return PenaltySettings(
+        duplicated_reasoning=penalties.penalize_duplicated_reasoning,
+        empty_final_answer=penalties.penalize_empty_final_answer,
+        unwanted_tokens=penalties.penalize_unwanted_tokens,
+        malformed_think_tag=penalties.penalize_malformed_think_tag,
+        unwanted_token_ids=frozenset(penalties.token_ids_unwanted),
+    )
+
+
+def check_builtin_resources(config: RunConfig) -> None:
+    """ConfigError for a built-in environment name that does not exist (before any process starts)."""
+    if not config.env.should_use_nemo_gym or config.env.gym.launch != "builtin":
+        return
+    unknown = [name for name in config.env.gym.resources if name not in RESOURCES_APPS]
+    if unknown:
+        known = sorted(RESOURCES_APPS)
+        raise ConfigError([f"env.gym.resources: unknown built-in environment {unknown[0]!r}; expected one of {known}"])
+
+
+@dataclass
+class GymRollouts:
+    """The running gym side of a training run; `close()` stops what it started."""
+
+    runner: GymRolloutRunner
+    builtin: BuiltinGym | None
+    policy_urls: list[str]
+
+    def train_outcomes(
+        self, num_generations: int
+    ) -> Callable[[Sequence[dict[str, Any]], Sequence[int]], list[GroupOutcome]]:
+        """The sync source's rollout: one outcome per row (failures as values)."""
+
+        def run(rows: Sequence[dict[str, Any]], group_ids: Sequence[int]) -> list[GroupOutcome]:
+            return self.runner.run_groups(rows, group_ids, num_generations, validation=False)
+
+        return run
+
+    def collector_rollout(
+        self, num_generations: int
+    ) -> Callable[[list[dict[str, Any]], list[int]], list[list[Trajectory]]]:
+        """The async collector's rollout: raises a group's failure (the collector counts it against the budget)."""
+
+        def run(rows: list[dict[str, Any]], draw_ids: list[int]) -> list[list[Trajectory]]:
+            groups: list[list[Trajectory]] = []
+            for outcome in self.runner.run_groups(rows, draw_ids, num_generations, validation=False):
+                if isinstance(outcome, Exception):
+                    raise outcome
+                groups.append(outcome)
+            return groups
+
+        return run
+
+    def validation(self, rows: Sequence[dict[str, Any]], num_generations: int) -> tuple[list[Trajectory], int]:
+        """Validation rollouts (validation sampling profile); failed groups are skipped and counted."""
+        outcomes = self.runner.run_groups(rows, list(range(len(rows))), num_generations, validation=True)
+        trajectories = [t for outcome in outcomes if not isinstance(outcome, Exception) for t in outcome]
+        failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
+        for failure in failures[:3]:
+            log.warning("validation: a prompt group failed and is skipped: %s: %s", type(failure).__name__, failure)
+        return trajectories, len(failures)
+
+    def close(self) -> None:
+        try:
+            self.runner.close()
+        finally:
+            if self.builtin is not None:
+                self.builtin.stop()
+
+
+def start_gym_rollouts(
+    config: RunConfig,
+    generation_group: WorkerGroup,
+    tokenizer: PreTrainedTokenizerBase,
+    tokenizer_path: str,
+    policy_version: Callable[[], int],
+) -> GymRollouts:
+    """Serve every generation host over HTTP, start the built-in gym (launch: builtin) and connect the client."""
+    gym = config.env.gym
+    settings = policy_server_settings(config, tokenizer_path)
+    urls = [str(url) for url in generation_group.call_all("serve_http", settings)]
+    builtin = None
+    if gym.launch == "builtin":
+        builtin = launch_builtin_gym(
+            urls, resources=gym.resources, max_steps=gym.max_steps, model_name=gym.model_name, api_key=gym.api_key
+        )
+    train, validation = sampling_profiles(config)
+    client_settings = GymClientSettings(
+        # Built-in agents are found through their head server too: the same lookup as against an external gym.
+        agent_urls=None if builtin is not None else (dict(gym.agent_urls) or None),
+        head_server_url=builtin.head_url if builtin is not None else gym.head_server_url,
+        max_concurrency=gym.max_concurrency,
+        rollout_deadline_s=gym.rollout_deadline_s,
+        max_retries=gym.max_retries,
+        backoff_s=gym.backoff_s,
+        train_sampling=train,
+        validation_sampling=validation,
+        max_output_tokens=config.generation.max_new_tokens,
+    )
+
+    def decode(token_ids: Sequence[int]) -> str:
+        return str(tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
+    try:
+        runner = GymRolloutRunner(
+            client_settings, penalties=penalty_settings(config), decode=decode, policy_version=policy_version
+        )
+        try:
+            print(f"gym: policy servers {urls}; agents {runner.agent_urls()}", flush=True)
+        except BaseException:
+            runner.close()
+            raise
+    except BaseException:
+        if builtin is not None:
+            builtin.stop()
+        raise
+    return GymRollouts(runner=runner, builtin=builtin, policy_urls=urls)

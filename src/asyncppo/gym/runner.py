@@ -1,0 +1,147 @@
+"""GymRolloutRunner: blocking, thread-safe gym rollouts of prompt groups for the batch sources and validation.
+
+The trainer's batch sources are synchronous and call from several threads (the sync driver; the async
+collector's one thread per group), while GymClient is asyncio. The runner owns one event loop thread with one
+GymClient, so every caller shares its connection pool and its concurrency bound:
+
+    caller thread: run_groups(rows, group_ids) --run_coroutine_threadsafe--> loop thread: GymClient.run_group x N
+                   <-- one outcome per row: its Trajectories (reward penalties applied), or the Exception
+
+A group's failure is returned as a value, not raised: the sources replace failed groups within a budget.
+"""
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from asyncppo.gym.client import GymClient, SamplingProfile
+from asyncppo.rollout.penalties import PenaltySettings, apply_reward_penalties
+from asyncppo.rollout.trajectory import Trajectory
+
+T = TypeVar("T")
+# Seconds close() waits for the loop thread to finish the client's shutdown.
+CLOSE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class GymClientSettings:
+    """Everything GymClient is built from (plain values; `cli/builders.py` fills them from `env.gym`)."""
+
+    agent_urls: Mapping[str, str] | None
+    head_server_url: str | None
+    max_concurrency: int
+    rollout_deadline_s: float
+    max_retries: int
+    backoff_s: float
+    train_sampling: SamplingProfile
+    validation_sampling: SamplingProfile
+    max_output_tokens: int
+
+
+GroupOutcome = list[Trajectory] | Exception
+
+
+class GymRolloutRunner:
+    """Runs prompt groups through gym agents from any thread; `close()` ends the loop thread and the client."""
+
+    def __init__(
+        self,
+        settings: GymClientSettings,
+        *,
+        penalties: PenaltySettings,
+        decode: Callable[[Sequence[int]], str],
+        policy_version: Callable[[], int],
+    ) -> None:
+        """`policy_version()` is the weight version the generators hold now (stamped on each trajectory)."""
+        self._penalties = penalties
+        self._decode = decode
+        self._policy_version = policy_version
+        self._counters: Counter[str] = Counter()
+        self._counter_lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gym-rollouts", daemon=True)
+        self._thread.start()
+        self._client = self._call(self._make_client(settings))
+
+    @staticmethod
+    async def _make_client(settings: GymClientSettings) -> GymClient:
+        # Built on the loop thread: httpx's async client belongs to the loop that first uses it.
+        return GymClient(
+            settings.agent_urls,
+            settings.head_server_url,
+            max_concurrency=settings.max_concurrency,
+            rollout_deadline_s=settings.rollout_deadline_s,
+            max_retries=settings.max_retries,
+            backoff_s=settings.backoff_s,
+            train_sampling=settings.train_sampling,
+            validation_sampling=settings.validation_sampling,
+            max_output_tokens=settings.max_output_tokens,
+        )
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def agent_urls(self) -> dict[str, str]:
+        """Agent name -> URL (looked up on the head server on first use); fails fast when the gym is unreachable."""
+        return self._call(self._client.agent_urls())
+
+    def run_groups(
+        self, rows: Sequence[Mapping[str, Any]], group_ids: Sequence[int], num_generations: int, validation: bool
+    ) -> list[GroupOutcome]:
+        """Every row's group of `num_generations` rollouts, run concurrently; one outcome per row, in order."""
+        if len(rows) != len(group_ids):
+            raise ValueError(f"run_groups: {len(rows)} rows but {len(group_ids)} group ids")
+        return self._call(self._run_groups(rows, group_ids, num_generations, validation))
+
+    async def _run_groups(
+        self, rows: Sequence[Mapping[str, Any]], group_ids: Sequence[int], num_generations: int, validation: bool
+    ) -> list[GroupOutcome]:
+        version = self._policy_version()
+        tasks = [
+            self._client.run_group(row, num_generations, group_id, version, validation=validation)
+            for row, group_id in zip(rows, group_ids, strict=True)
+        ]
+        # return_exceptions: one group's failure must not cancel the others (each is replaced on its own).
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        outcomes: list[GroupOutcome] = []
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # cancellation or interpreter exit: not a rollout failure
+            if isinstance(result, Exception):
+                self._count("failed_groups")
+                outcomes.append(result)
+                continue
+            outcomes.append(self._apply_penalties(result))
+        return outcomes
+
+    def _apply_penalties(self, group: list[Trajectory]) -> list[Trajectory]:
+        if not self._penalties.any_enabled:
+            return group
+        penalized, counts = apply_reward_penalties(group, self._penalties, self._decode)
+        for name, count in counts.items():
+            self._count(f"penalties/{name}", count)
+        return penalized
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        with self._counter_lock:
+            self._counters[name] += amount
+
+    def metrics(self) -> dict[str, float]:
+        """Cumulative counters since start: the client's `gym/*` (rollouts, retries, failures by kind, judge
+        failures) plus `gym/failed_groups` and `gym/penalties/<name>`."""
+        with self._counter_lock:
+            own = {f"gym/{name}": float(count) for name, count in self._counters.items()}
+        return {**self._client.metrics(), **own}
+
+    def close(self) -> None:
+        """Close the client and stop the loop thread (idempotent)."""
+        if not self._thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(CLOSE_TIMEOUT_S)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(CLOSE_TIMEOUT_S)

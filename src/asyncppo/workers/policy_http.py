@@ -1,0 +1,46 @@
+"""The policy HTTP server inside a generation host: gym agents reach that host's engine directly, no driver hop.
+
+Called by GeneratorEndpoint / PolicyEndpoint (colocated) `serve_http`, in the host process that owns the engine:
+
+    gym agent --POST /v1/chat/completions--> PolicyServer (uvicorn thread) --submit--> HFGenerator (same process)
+"""
+
+from dataclasses import dataclass
+
+from asyncppo.generation.protocol import Generator
+from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.models.tokenizer import load_tokenizer
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class PolicyServerSettings:
+    """How a generation host serves its engine over HTTP (plain values from `env.gym` and `generation`)."""
+
+    tokenizer_path: str
+    model_name: str
+    train_sampling: tuple[float, float]
+    """(temperature, top_p) of training rollouts."""
+    validation_sampling: tuple[float, float]
+    """(temperature, top_p) of validation rollouts; temperature 0 = greedy."""
+    max_model_len: int
+    api_key: str | None
+    port: int
+    """0 = a free port; otherwise host rank i listens on port + i."""
+
+
+def start_policy_server(generator: Generator, settings: PolicyServerSettings, rank: int) -> PolicyServer:
+    """Serve `generator` on 127.0.0.1; returns once /health answers."""
+    app = create_policy_app(
+        generator,
+        load_tokenizer(settings.tokenizer_path),
+        model_name=settings.model_name,
+        train_sampling=settings.train_sampling,
+        validation_sampling=settings.validation_sampling,
+        max_model_len=settings.max_model_len,
+        api_key=settings.api_key,
+    )
+    server = PolicyServer(app, host=HOST, port=settings.port + rank if settings.port else 0)
+    server.start()
+    return server

@@ -1,0 +1,120 @@
+"""GymRolloutRunner: blocking rollouts of prompt groups from several threads through one GymClient on its own
+event loop, against the built-in math gym and a real PolicyServer whose generator answers with fixed text."""
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import pytest
+from transformers import PreTrainedTokenizerBase
+
+from asyncppo.generation.protocol import GenerationRequest, GenerationResult
+from asyncppo.gym.client import AgentConnectionError, SamplingProfile
+from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.gym.runner import GymClientSettings, GymRolloutRunner
+from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
+from asyncppo.models.tiny import EOS_TOKEN_ID
+from asyncppo.rollout.penalties import PenaltySettings
+
+
+class Answers:
+    """A Generator that always answers `text` + EOS and records each request's sampling."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, text: str) -> None:
+        self.tokens = (*tokenizer.encode(text, add_special_tokens=False), EOS_TOKEN_ID)
+        self.greedy: list[bool] = []
+        self._lock = threading.Lock()
+
+    def submit(self, request: GenerationRequest) -> "Future[GenerationResult]":
+        with self._lock:
+            self.greedy.append(request.sampling.greedy)
+        future: Future[GenerationResult] = Future()
+        future.set_result(GenerationResult(self.tokens, (-0.25,) * len(self.tokens), "stop", 3, 3))
+        return future
+
+
+@pytest.fixture
+def gym(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple[BuiltinGym, Answers]]:
+    answers = Answers(tokenizer, "The answer is 12.")
+    app = create_policy_app(
+        answers,  # pyright: ignore[reportArgumentType]
+        tokenizer,
+        model_name="policy",
+        train_sampling=(1.0, 1.0),
+        validation_sampling=(0.0, 1.0),
+        max_model_len=256,
+        api_key=None,
+    )
+    with PolicyServer(app) as server, launch_builtin_gym(server.url, resources=("math",), max_steps=1) as builtin:
+        yield builtin, answers
+
+
+def make_runner(head_url: str, version: list[int]) -> GymRolloutRunner:
+    settings = GymClientSettings(
+        agent_urls=None,
+        head_server_url=head_url,
+        max_concurrency=8,
+        rollout_deadline_s=30,
+        max_retries=0,
+        backoff_s=0.0,
+        train_sampling=SamplingProfile(1.0, 1.0),
+        validation_sampling=SamplingProfile(0.0, 1.0),
+        max_output_tokens=16,
+    )
+    return GymRolloutRunner(settings, penalties=PenaltySettings(), decode=str, policy_version=lambda: version[0])
+
+
+def row(expected: str, agent: str = "math_simple_agent") -> dict:
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": "7+5?"}]},
+        "expected_answer": expected,
+        "agent_ref": {"type": "responses_api_agents", "name": agent},
+    }
+
+
+@pytest.mark.integration
+def test_groups_from_several_threads_share_one_client_and_failures_come_back_as_values(gym):
+    builtin, answers = gym
+    version = [3]
+    runner = make_runner(builtin.head_url, version)
+    try:
+        assert runner.agent_urls() == builtin.agent_urls
+        outcomes: dict[int, list] = {}
+
+        def worker(index: int) -> None:
+            rows = [row("12"), row("13"), row("12", agent="no_such_agent")]
+            outcomes[index] = runner.run_groups(rows, [10 * index, 10 * index + 1, 10 * index + 2], 2, False)
+
+        threads = [threading.Thread(target=worker, args=(index,)) for index in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        for index, (right, wrong, failed) in outcomes.items():
+            assert [t.reward for t in right] == [1.0, 1.0] and [t.reward for t in wrong] == [0.0, 0.0]
+            assert [t.group_id for t in right] == [10 * index] * 2 and [t.sample_index for t in right] == [0, 1]
+            assert all(t.policy_version == 3 for t in right + wrong)
+            assert isinstance(failed, ValueError) and "no_such_agent" in str(failed)
+        metrics = runner.metrics()
+        assert metrics["gym/rollouts_succeeded"] == 3 * 2 * 2 and metrics["gym/failed_groups"] == 3
+        assert not any(answers.greedy)
+        validation = runner.run_groups([row("12")], [0], 1, validation=True)
+        assert [t.reward for t in validation[0]] == [1.0]  # type: ignore[union-attr]
+        assert answers.greedy[-1]  # the validation profile (temperature 0) decodes greedily
+    finally:
+        runner.close()
+    runner.close()  # idempotent
+
+
+@pytest.mark.integration
+def test_an_unreachable_agent_is_a_failed_group_not_an_exception(gym):
+    builtin, _ = gym
+    runner = make_runner(builtin.head_url, [0])
+    try:
+        runner.agent_urls()  # looked up while the head server runs
+        builtin.stop()
+        (outcome,) = runner.run_groups([row("12")], [0], 1, False)
+        assert isinstance(outcome, AgentConnectionError)
+        assert runner.metrics()["gym/failures/connection"] == 1.0
+    finally:
+        runner.close()
