@@ -1,9 +1,11 @@
 """GymRolloutRunner: blocking rollouts of prompt groups from several threads through one GymClient on its own
 event loop, against the built-in math gym and a real PolicyServer whose generator answers with fixed text."""
 
+import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 from transformers import PreTrainedTokenizerBase
@@ -49,7 +51,9 @@ def gym(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple[BuiltinGym, Answer
         yield builtin, answers
 
 
-def make_runner(head_url: str, version: list[int]) -> GymRolloutRunner:
+def make_runner(
+    head_url: str, version: list[int], penalties: PenaltySettings | None = None, results_log: Path | None = None
+) -> GymRolloutRunner:
     settings = GymClientSettings(
         agent_urls=None,
         head_server_url=head_url,
@@ -61,7 +65,17 @@ def make_runner(head_url: str, version: list[int]) -> GymRolloutRunner:
         validation_sampling=SamplingProfile(0.0, 1.0),
         max_output_tokens=16,
     )
-    return GymRolloutRunner(settings, penalties=PenaltySettings(), decode=str, policy_version=lambda: version[0])
+    return GymRolloutRunner(
+        settings,
+        penalties=penalties or PenaltySettings(),
+        decode=decode,
+        policy_version=lambda: version[0],
+        results_log=results_log,
+    )
+
+
+def decode(token_ids) -> str:
+    return " ".join(str(token) for token in token_ids)
 
 
 def row(expected: str, agent: str = "math_simple_agent") -> dict:
@@ -118,3 +132,20 @@ def test_an_unreachable_agent_is_a_failed_group_not_an_exception(gym):
         assert runner.metrics()["gym/failures/connection"] == 1.0
     finally:
         runner.close()
+
+
+@pytest.mark.integration
+def test_penalties_zero_rewards_and_every_raw_result_is_logged(gym, tokenizer, tmp_path):
+    builtin, answers = gym
+    unwanted = answers.tokens[0]  # the first generated token of every answer
+    penalties = PenaltySettings(unwanted_tokens=True, unwanted_token_ids=frozenset({unwanted}))
+    runner = make_runner(builtin.head_url, [0], penalties=penalties, results_log=tmp_path / "results.jsonl")
+    try:
+        (group,) = runner.run_groups([row("12")], [4], 2, False)
+        assert [t.reward for t in group] == [0.0, 0.0]  # type: ignore[union-attr]  # right answers, penalised
+        assert runner.metrics()["gym/penalties/unwanted_tokens"] == 2
+    finally:
+        runner.close()
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["group_id"], r["sample_index"]) for r in records) == [(4, 0), (4, 1)]
+    assert all(r["result"]["reward"] == 1.0 for r in records)  # the log keeps what the environment said

@@ -9,6 +9,7 @@
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -132,6 +133,7 @@ def start_gym_rollouts(
     tokenizer: PreTrainedTokenizerBase,
     tokenizer_path: str,
     policy_version: Callable[[], int],
+    results_log: Path | None,
 ) -> GymRollouts:
     """Serve every generation host over HTTP, start the built-in gym (launch: builtin) and connect the client."""
     gym = config.env.gym
@@ -161,7 +163,11 @@ def start_gym_rollouts(
 
     try:
         runner = GymRolloutRunner(
-            client_settings, penalties=penalty_settings(config), decode=decode, policy_version=policy_version
+            client_settings,
+            penalties=penalty_settings(config),
+            decode=decode,
+            policy_version=policy_version,
+            results_log=results_log,
         )
         try:
             print(f"gym: policy servers {urls}; agents {runner.agent_urls()}", flush=True)

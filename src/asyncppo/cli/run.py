@@ -46,6 +46,7 @@ from asyncppo.workers.remote import RemoteGenerator, RemotePolicy, RemoteValue, 
 
 log = logging.getLogger(__name__)
 WORKER_CALL_TIMEOUT_S = 3600.0
+GYM_RESULTS_FILE = "gym_results.jsonl"
 POLICY_DIR, VALUE_DIR, SOURCE_STATE_FILE, RNG_STATE_FILE, CONFIG_FILE, ACCOUNTING_FILE = (
     "policy",
     "value",
@@ -408,7 +409,10 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     gym = None
     if config.env.should_use_nemo_gym:
         try:
-            gym = start_gym_rollouts(config, generation_group, tokenizer, str(paths.tokenizer), lambda: published.value)
+            results_log = run_dir / GYM_RESULTS_FILE if config.env.should_log_nemo_gym_responses else None
+            gym = start_gym_rollouts(
+                config, generation_group, tokenizer, str(paths.tokenizer), lambda: published.value, results_log
+            )
         except BaseException:
             for group in groups:
                 group.kill()

@@ -129,7 +129,8 @@ class EnvConfig(Section):
     should_use_nemo_gym: bool = False
     """Collect rollouts from NeMo-Gym-compatible servers instead of single-turn generation."""
     should_log_nemo_gym_responses: bool = False
-    """Keep the full gym results in the rollout dumps."""
+    """Append every raw gym `/run` result (with its group id and sample index) to `gym_results.jsonl` in the run
+    directory, for debugging environments."""
     gym: GymConfig = GymConfig()
     """Gym servers."""
 

@@ -17,7 +17,7 @@ import copy
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,11 +184,12 @@ class GymClient:
         policy_version: int,
         *,
         validation: bool = False,
+        result_sink: Callable[[int, Mapping[str, Any]], None] | None = None,
     ) -> list[Trajectory]:
         """Run `num_generations` rollouts of one row concurrently; one Trajectory each, in sample order.
 
         The first failing sample's error is raised (a group with a missing sample is useless to a baseline) and
-        its siblings are cancelled.
+        its siblings are cancelled. `result_sink(sample_index, result)` sees every raw result before conversion.
         """
         if num_generations < 1:
             raise ValueError(f"run_group: num_generations must be >= 1, got {num_generations}")
@@ -199,6 +200,9 @@ class GymClient:
         except ExceptionGroup as failures:
             raise failures.exceptions[0] from failures
         results = [task.result() for task in tasks]
+        if result_sink is not None:
+            for sample_index, result in enumerate(results):
+                result_sink(sample_index, result)
         return [
             trajectory_from_result(
                 result, row=row, group_id=group_id, sample_index=sample_index, policy_version=policy_version

@@ -11,10 +11,12 @@ A group's failure is returned as a value, not raised: the sources replace failed
 """
 
 import asyncio
+import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from asyncppo.gym.client import GymClient, SamplingProfile
@@ -54,8 +56,12 @@ class GymRolloutRunner:
         penalties: PenaltySettings,
         decode: Callable[[Sequence[int]], str],
         policy_version: Callable[[], int],
+        results_log: Path | None = None,
     ) -> None:
-        """`policy_version()` is the weight version the generators hold now (stamped on each trajectory)."""
+        """`policy_version()` is the weight version the generators hold now (stamped on each trajectory);
+        `results_log`: append every raw `/run` result there as one JSON line (env.should_log_nemo_gym_responses)."""
+        self._results_log = results_log.open("a", encoding="utf-8") if results_log is not None else None
+        self._log_lock = threading.Lock()
         self._penalties = penalties
         self._decode = decode
         self._policy_version = policy_version
@@ -101,7 +107,9 @@ class GymRolloutRunner:
     ) -> list[GroupOutcome]:
         version = self._policy_version()
         tasks = [
-            self._client.run_group(row, num_generations, group_id, version, validation=validation)
+            self._client.run_group(
+                row, num_generations, group_id, version, validation=validation, result_sink=self._sink(group_id)
+            )
             for row, group_id in zip(rows, group_ids, strict=True)
         ]
         # return_exceptions: one group's failure must not cancel the others (each is replaced on its own).
@@ -116,6 +124,19 @@ class GymRolloutRunner:
                 continue
             outcomes.append(self._apply_penalties(result))
         return outcomes
+
+    def _sink(self, group_id: int) -> Callable[[int, Mapping[str, Any]], None] | None:
+        if self._results_log is None:
+            return None
+        log = self._results_log
+
+        def write(sample_index: int, result: Mapping[str, Any]) -> None:
+            record = {"group_id": group_id, "sample_index": sample_index, "result": result}
+            with self._log_lock:
+                log.write(json.dumps(record, default=repr) + "\n")
+                log.flush()
+
+        return write
 
     def _apply_penalties(self, group: list[Trajectory]) -> list[Trajectory]:
         if not self._penalties.any_enabled:
@@ -138,6 +159,9 @@ class GymRolloutRunner:
 
     def close(self) -> None:
         """Close the client and stop the loop thread (idempotent)."""
+        if self._results_log is not None and not self._results_log.closed:
+            with self._log_lock:
+                self._results_log.close()
         if not self._thread.is_alive():
             return
         try:
