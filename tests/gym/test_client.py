@@ -241,7 +241,10 @@ def test_run_group_converts_every_sample_in_order(agent: ScriptedAgent) -> None:
     assert {trajectory.group_id for trajectory in trajectories} == {11}
     assert all(trajectory.token_ids == list(range(1, 12)) for trajectory in trajectories)
     assert trajectories[0].task["expected_answer"] == "711"
+    assert "_ng_task_index" not in trajectories[0].task  # the task is the caller's row, not the stamped copy
     assert len(agent.bodies) == 3
+    stamps = sorted((body["_ng_task_index"], body["_ng_rollout_index"]) for body in agent.bodies)
+    assert stamps == [(11, 0), (11, 1), (11, 2)]
 
 
 def test_run_group_raises_the_first_failure_of_its_samples(agent: ScriptedAgent) -> None:

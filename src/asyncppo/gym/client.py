@@ -196,7 +196,13 @@ class GymClient:
         # A TaskGroup (not gather) so that one failed sample cancels its siblings instead of leaving them running.
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self.run(row, validation=validation)) for _ in range(num_generations)]
+                tasks = [
+                    # Gym's bookkeeping fields name the task (the prompt group) and the sample within it.
+                    group.create_task(
+                        self.run({**row, "_ng_task_index": group_id, "_ng_rollout_index": index}, validation=validation)
+                    )
+                    for index in range(num_generations)
+                ]
         except ExceptionGroup as failures:
             raise failures.exceptions[0] from failures
         results = [task.result() for task in tasks]
