@@ -13,6 +13,7 @@ import torch
 
 from asyncppo.algorithms.advantages import AdvantageSettings
 from asyncppo.algorithms.policy_loss import PolicyLossSettings
+from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
 from asyncppo.algorithms.value_loss import ValueLossSettings
 from asyncppo.cli.ppo_step import RewardScaling, RewardShaping, StepSettings
 from asyncppo.config import ConfigError, RunConfig
@@ -163,6 +164,7 @@ def step_settings(config: RunConfig) -> StepSettings:
         overlong_filtering=ppo.overlong_filtering,
         need_reference_logprobs=needs_reference_logprobs(config),
         mismatch_kl_type=config.loss_fn.reference_policy_kl_type,
+        privileged_critic=privilege_settings(config) is not None,
         reward_scaling=RewardScaling(scaling.source_min, scaling.source_max, scaling.target_min, scaling.target_max)
         if scaling.enabled
         else None,
@@ -174,6 +176,20 @@ def step_settings(config: RunConfig) -> StepSettings:
         )
         if shaping.enabled
         else None,
+    )
+
+
+def privilege_settings(config: RunConfig) -> PrivilegeSettings | None:
+    """value.privileged_critic as plain values; None when it is off (or the run has no critic)."""
+    section = config.value.privileged_critic if config.value is not None else None
+    if section is None or not section.enabled:
+        return None
+    return PrivilegeSettings(
+        fields=tuple(
+            PrivilegedField(name=field.name, title=field.resolved_title, max_tokens=field.max_tokens)
+            for field in section.fields
+        ),
+        max_total_tokens=section.max_total_tokens,
     )
 
 
@@ -281,7 +297,8 @@ def value_factory(config: RunConfig, paths: ModelPaths, device: str) -> Callable
         "max_grad_norm": section.max_grad_norm,
         "train_global_batch_size": section.train_global_batch_size,
         "train_micro_batch_size": section.train_micro_batch_size,
-        "max_tokens_per_microbatch": section.max_tokens_per_microbatch,
+        # Privileged critic sequences are longer by up to the block's reserve; the budget grows with them.
+        "max_tokens_per_microbatch": section.critic_max_tokens_per_microbatch,
         "logprob_batch_size": section.logprob_batch_size,
         "loss_settings": ValueLossSettings(scale=config.value_loss_fn.scale, cliprange=config.value_loss_fn.cliprange),
         "activation_checkpointing": section.activation_checkpointing,

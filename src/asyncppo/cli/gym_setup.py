@@ -25,7 +25,6 @@ from asyncppo.workers.policy_http import PolicyServerSettings
 from asyncppo.workers.ray_host import WorkerGroup
 
 log = logging.getLogger(__name__)
-FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
 Row = dict[str, Any]
 
 

@@ -1,10 +1,18 @@
 """The one PPO training step, shared by sync and async runs: batch in, updated models and metrics out.
 
-    batch --reward processing--> --critic values--> --old (+ reference) logprobs--> --mismatch masking-->
-          --advantages--> critic passes (critic_ppo_epochs) and policy passes (ppo_epochs, from step W on)
+    1. reward processing (scaling, overlong shaping and filtering); turn spans when turn_gae
+    2. [privileged critic] the critic layout: each row = its reference-block prefix + the verbatim tokens
+    3. critic values before any update; [privileged] scored in the critic layout, moved back to the policy layout
+    4. old (+ reference) logprobs, mismatch metrics and sequence masking
+    5. advantages and critic targets, pre-update critic diagnostics (policy layout)
+    6. critic passes (critic_ppo_epochs); [privileged] returns, critic mask and every [B, S] field moved to the
+       critic layout, the critic-layout values kept for value clipping, [B] offsets and masks unchanged
+    7. policy passes (ppo_epochs, from step W on) on the policy layout, which is also what StepOutput carries
 
 Called by the driver (`cli/train.py`) once per step. It talks to the models only through the two small
-protocols below, so it runs the same on Ray worker groups and on in-process workers (tests).
+protocols below, so it runs the same on Ray worker groups and on in-process workers (tests). The privileged
+critic's prefixes are built by the driver from the step's trajectories (it holds the tokenizer) and come in as
+`critic_prefixes` (`cli/privileged_critic.py`); the policy never sees them.
 """
 
 import time
@@ -18,9 +26,11 @@ from asyncppo.algorithms.advantages import AdvantageSettings, compute_advantages
 from asyncppo.algorithms.critic_metrics import critic_diagnostics
 from asyncppo.algorithms.kl import KLType
 from asyncppo.algorithms.mismatch import mask_sequences_by_logprob_error, token_mismatch_metrics
+from asyncppo.algorithms.privilege import PrefixedLayout
 from asyncppo.algorithms.residual import homogeneous_group_sample_mask
 from asyncppo.algorithms.reward_processing import overlong_filter_mask, scale_rewards, shape_overlong_rewards
 from asyncppo.algorithms.turns import TurnSpans, build_turn_spans, validate_turn_spans
+from asyncppo.cli.privileged_critic import CriticPrefixes, critic_batch, critic_layout
 from asyncppo.rollout.batch import TrainBatch
 
 
@@ -83,6 +93,8 @@ class StepSettings:
     mismatch_kl_type: KLType
     reward_scaling: RewardScaling | None = None
     reward_shaping: RewardShaping | None = None
+    privileged_critic: bool = False
+    """value.privileged_critic.enabled: every step must then come with critic_prefixes."""
 
 
 @dataclass(frozen=True)
@@ -171,16 +183,32 @@ def average_metrics(passes: Iterable[Mapping[str, float]]) -> dict[str, float]:
 
 
 def ppo_step(
-    settings: StepSettings, policy: PolicyModel, value: ValueModel | None, batch: TrainBatch, step: int
+    settings: StepSettings,
+    policy: PolicyModel,
+    value: ValueModel | None,
+    batch: TrainBatch,
+    step: int,
+    *,
+    critic_prefixes: CriticPrefixes | None = None,
 ) -> StepOutput:
-    """One PPO step on `batch` at training step `step` (0-based). See the module docstring for the order."""
+    """One PPO step on `batch` at training step `step` (0-based). See the module docstring for the order.
+
+    critic_prefixes: the privileged critic's per-row prefixes (required exactly when settings.privileged_critic).
+    """
     timings: dict[str, float] = {}
     metrics = rollout_metrics(batch)
     batch = process_rewards(settings, batch)
     metrics["train/processed_reward_mean"] = batch.rewards.mean().item()
     spans = turn_spans_of(batch) if settings.advantage.name == "turn_gae" else None
+    layout = _privileged_layout(settings, value, batch, critic_prefixes)
+    if critic_prefixes is not None:
+        metrics.update(critic_prefixes.metrics)
 
-    values = _timed(timings, "values", lambda: value.values(batch)) if value is not None else None
+    values = critic_values = None
+    if value is not None:
+        scored = batch if layout is None else critic_batch(batch, layout)
+        critic_values = _timed(timings, "values", lambda: value.values(scored))
+        values = critic_values if layout is None else layout.to_policy(critic_values)
     old_logprobs = _timed(timings, "logprobs", lambda: policy.logprobs(batch))
     reference_logprobs = None
     if settings.need_reference_logprobs:
@@ -242,7 +270,10 @@ def ppo_step(
                 result.group_homogeneous,
             )
         )
-        metrics.update(_train_critic(settings, value, batch, (result.returns_to_abs, result.returns_to_res), timings))
+        # Privileged: the critic trains on its own layout, with the values it scored there (for value clipping).
+        value_batch = batch if layout is None else critic_batch(batch, layout).with_fields(values=critic_values)
+        offsets = (result.returns_to_abs, result.returns_to_res)
+        metrics.update(_train_critic(settings, value, value_batch, offsets, timings))
 
     policy_trained = step >= settings.policy_training_start_step
     if policy_trained:
@@ -251,6 +282,24 @@ def ppo_step(
     metrics["train/policy_trained"] = float(policy_trained)
     metrics.update(timings)
     return StepOutput(batch=batch, metrics=metrics, policy_trained=policy_trained)
+
+
+def _privileged_layout(
+    settings: StepSettings, value: ValueModel | None, batch: TrainBatch, critic_prefixes: CriticPrefixes | None
+) -> PrefixedLayout | None:
+    """The critic layout when the privileged critic is on; ValueError when the prefixes and the settings disagree."""
+    if settings.privileged_critic != (critic_prefixes is not None):
+        state = "on" if settings.privileged_critic else "off"
+        raise ValueError(
+            f"the privileged critic is {state} but critic_prefixes {'was not' if state == 'on' else 'was'} given"
+        )
+    if critic_prefixes is None:
+        return None
+    if value is None:
+        raise ValueError("critic_prefixes were given but the step has no value model")
+    if len(critic_prefixes.token_ids) != len(batch):
+        raise ValueError(f"{len(critic_prefixes.token_ids)} critic prefixes for a batch of {len(batch)} rows")
+    return critic_layout(batch, critic_prefixes)
 
 
 def _train_critic(

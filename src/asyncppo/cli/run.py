@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncppo.checkpoint import (
     CheckpointManager,
@@ -25,8 +25,8 @@ from asyncppo.checkpoint import (
     save_state,
 )
 from asyncppo.cli import builders
-from asyncppo.cli.gym_setup import FAILURE_BUDGET_KEY, GymRollouts, check_builtin_resources, start_gym_rollouts
 from asyncppo.cli.ppo_step import StepSettings
+from asyncppo.cli.privileged_critic import CriticPrefixes, PrivilegedCritic
 from asyncppo.config import ConfigError, RunConfig, dump_config
 from asyncppo.data.prompt_stream import PromptStream
 from asyncppo.data.rows import load_gym_rows, load_rows, split_rows
@@ -44,7 +44,11 @@ from asyncppo.rollout.trajectory import Trajectory
 from asyncppo.workers.ray_host import HostOptions, WorkerGroup, init_local_ray
 from asyncppo.workers.remote import RemoteGenerator, RemotePolicy, RemoteValue, WeightSync
 
+if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
+    from asyncppo.cli.gym_setup import GymRollouts
+
 log = logging.getLogger(__name__)
+FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
 WORKER_CALL_TIMEOUT_S = 3600.0
 GYM_RESULTS_FILE = "gym_results.jsonl"
 POLICY_DIR, VALUE_DIR, SOURCE_STATE_FILE, RNG_STATE_FILE, CONFIG_FILE, ACCOUNTING_FILE = (
@@ -87,7 +91,12 @@ class Run:
     pad_token_id: int
     published: PublishedVersion
     groups: list[WorkerGroup] = field(default_factory=list[WorkerGroup])
-    gym: GymRollouts | None = None
+    gym: "GymRollouts | None" = None
+    privileged_critic: PrivilegedCritic | None = None
+
+    def critic_prefixes(self, trajectories: Sequence[Trajectory]) -> CriticPrefixes | None:
+        """The privileged critic's prefixes for the step's trajectories (batch row order); None when it is off."""
+        return self.privileged_critic.prefixes(trajectories) if self.privileged_critic is not None else None
 
     def rollout_metrics(self) -> dict[str, float]:
         """Cumulative rollout-side counters logged with every step (gym requests, retries, failures, penalties)."""
@@ -331,7 +340,10 @@ def check_supported(config: RunConfig) -> None:
             else "reward-function rollouts are single-turn; multi-turn rollouts come from the gym"
         )
         raise ConfigError([f"ppo.max_rollout_turns: {config.ppo.max_rollout_turns} is not supported: {where}"])
-    check_builtin_resources(config)
+    if config.env.should_use_nemo_gym:
+        from asyncppo.cli.gym_setup import check_builtin_resources
+
+        check_builtin_resources(config)
 
 
 def build_run(config: RunConfig, run_dir: Path) -> Run:
@@ -408,6 +420,8 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     published = PublishedVersion()
     gym = None
     if config.env.should_use_nemo_gym:
+        from asyncppo.cli.gym_setup import start_gym_rollouts
+
         try:
             results_log = run_dir / GYM_RESULTS_FILE if config.env.should_log_nemo_gym_responses else None
             gym = start_gym_rollouts(
@@ -435,6 +449,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     latest = checkpoints.latest() if checkpoints is not None else None
     resume_step = load_run_state(latest).step if latest is not None else 0
     source = _batch_source(config, train_rows, rollouts, failure_budget, resume_step)
+    privilege = builders.privilege_settings(config)
     return Run(
         config=config,
         run_dir=run_dir,
@@ -452,6 +467,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         published=published,
         groups=groups,
         gym=gym,
+        privileged_critic=PrivilegedCritic(tokenizer, privilege, pad) if privilege is not None else None,
     )
 
 

@@ -1,6 +1,7 @@
 """`asyncppo train CONFIG [key=value ...] [--run-dir DIR]`: the driver loop.
 
     build_run -> restore -> [validate] -> for each step: batch = source.next_batch(step)
+                                                         [privileged critic prefixes from the trajectories]
                                                          ppo_step(batch) -> publish weights (version step+1)
                                                          validate every val_period -> log -> checkpoint
 One loop for sync and async PPO: they differ only in the batch source (pipeline/sources.py), which also
@@ -47,7 +48,8 @@ def train(run: Run) -> None:
         step_batch = run.source.next_batch(step)
         generated = time.perf_counter()
         batch = collate_trajectories(step_batch.trajectories, run.pad_token_id)
-        output = ppo_step(run.step_settings, run.policy, run.value, batch, step)
+        prefixes = run.critic_prefixes(step_batch.trajectories)  # privileged critic: None when off
+        output = ppo_step(run.step_settings, run.policy, run.value, batch, step, critic_prefixes=prefixes)
         policy_has_trained = policy_has_trained or output.policy_trained
         metrics = {**step_batch.metrics, **output.metrics}
         bubble_started = time.perf_counter()

@@ -1,10 +1,11 @@
 """Config sections for the trained models: the policy (`model`), the critic (`value`) and their optimizers."""
 
-from typing import Literal
+import re
+from typing import Literal, Self
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from asyncppo.config.base import Section
+from asyncppo.config.base import RuleError, Section
 
 Precision = Literal["float32", "bfloat16", "float16"]
 
@@ -75,6 +76,67 @@ class PolicyModelConfig(TrainedModelConfig):
     """Token positions per chunk when computing log-probabilities, so the full fp32 logits never exist at once."""
 
 
+_TITLE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class PrivilegedFieldConfig(Section):
+    """One task field shown to the privileged critic."""
+
+    name: str = Field(min_length=1)
+    """Key of the row's task fields (`Trajectory.task`), or a dotted path into nested dicts
+    (`metadata.gold`); lists render one item per line, dicts as JSON."""
+    title: str | None = None
+    """Tag of the field in the reference block (`<title>...</title>`) and suffix of its metric
+    privilege/frac_truncated_<title>; null = name."""
+    max_tokens: PositiveInt | None = None
+    """Cap on this field's tokens (its truncation marker included); null = only the total budget limits it."""
+
+    @property
+    def resolved_title(self) -> str:
+        """title, or name when title is null."""
+        return self.title if self.title is not None else self.name
+
+
+class PrivilegedCriticConfig(Section):
+    """Asymmetric actor-critic: the critic (never the policy) reads a reference block built from the row's task
+    fields, as a system message before the conversation."""
+
+    enabled: bool = False
+    """Prepend the reference block to every critic sequence."""
+    fields: list[PrivilegedFieldConfig] = Field(default_factory=list[PrivilegedFieldConfig])
+    """Task fields in priority order, each `{name, title, max_tokens}`: the token budget is spent in this order,
+    and blocks list them in it."""
+    max_total_tokens: PositiveInt = 512
+    """Token budget of the fields' text (truncation markers included) per block; tags and template are extra."""
+    template_margin_tokens: NonNegativeInt = 128
+    """Tokens reserved beyond max_total_tokens for the chat template, tags and omission markers; the value
+    workers' token budget (max_tokens_per_microbatch) is raised by max_total_tokens + this when enabled."""
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> Self:
+        if self.enabled and not self.fields:
+            raise RuleError("fields", "must list at least one task field when enabled is true")
+        for key, values in (
+            ("name", [field.name for field in self.fields]),
+            ("title", [field.resolved_title for field in self.fields]),
+        ):
+            duplicates = sorted({value for value in values if values.count(value) > 1})
+            if duplicates:
+                raise RuleError("fields", f"duplicate {key} {duplicates}: each field needs its own {key}")
+        for index, field in enumerate(self.fields):
+            if not _TITLE.fullmatch(field.resolved_title):
+                raise RuleError(
+                    f"fields.{index}.title",
+                    f"{field.resolved_title!r} is not a tag name (letters, digits, '_', '.', '-'); set a title",
+                )
+        return self
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Tokens a block may add to a critic sequence: max_total_tokens + template_margin_tokens (0 when off)."""
+        return self.max_total_tokens + self.template_margin_tokens if self.enabled else 0
+
+
 class ValueModelConfig(TrainedModelConfig):
     """The critic: backbone + scalar head, right-shifted (values[t] = V(state before token t))."""
 
@@ -83,3 +145,17 @@ class ValueModelConfig(TrainedModelConfig):
     warm_start_path: str | None = None
     """A saved value model (e.g. a `value/` checkpoint directory) whose weights start a fresh run, with a fresh
     optimizer and schedule; ignored when resuming from a checkpoint."""
+    privileged_critic: PrivilegedCriticConfig = PrivilegedCriticConfig()
+    """A reference block from the row's task fields that only the critic reads (asymmetric actor-critic)."""
+
+    @property
+    def critic_max_total_sequence_length(self) -> int:
+        """max_total_sequence_length raised by privileged_critic.reserved_tokens (only ever raised)."""
+        return self.max_total_sequence_length + self.privileged_critic.reserved_tokens
+
+    @property
+    def critic_max_tokens_per_microbatch(self) -> int | None:
+        """max_tokens_per_microbatch raised by privileged_critic.reserved_tokens (null stays null)."""
+        if self.max_tokens_per_microbatch is None:
+            return None
+        return self.max_tokens_per_microbatch + self.privileged_critic.reserved_tokens

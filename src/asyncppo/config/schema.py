@@ -99,6 +99,11 @@ class RunConfig(Section):
         estimator = self.ppo.adv_estimator
         if estimator.uses_critic and self.value is None:
             raise RuleError("value", f"required: ppo.adv_estimator.name={estimator.name!r} trains a critic")
+        if not estimator.uses_critic and self.value is not None and self.value.privileged_critic.enabled:
+            raise RuleError(
+                "value.privileged_critic.enabled",
+                f"needs a critic, but ppo.adv_estimator.name={estimator.name!r} trains none",
+            )
         weight = self.value_loss_fn.homogeneous_group_weight
         if weight != 1.0 and not estimator.residual_baseline:
             raise RuleError(

@@ -11,6 +11,7 @@ also usable in-process. The driver reaches them through `workers/remote.py`.
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,12 +27,14 @@ from asyncppo.distributed.weight_sync import (
 )
 from asyncppo.generation.hf_generator import HFGenerator
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.policy_server import PolicyServer
 from asyncppo.models.policy import load_policy
 from asyncppo.rollout.batch import TrainBatch
-from asyncppo.workers.policy_http import PolicyServerSettings, start_policy_server
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.value_worker import ValueWorker
+
+if TYPE_CHECKING:  # the HTTP stack (fastapi, uvicorn) is imported only by runs that serve the gym
+    from asyncppo.gym.policy_server import PolicyServer
+    from asyncppo.workers.policy_http import PolicyServerSettings
 
 
 @dataclass(frozen=True)
@@ -98,11 +101,13 @@ class PolicyEndpoint:
         if self.generator is not None:
             self.generator.reseed(seed + 1000 * self.rank)
 
-    def serve_http(self, settings: PolicyServerSettings) -> str:
+    def serve_http(self, settings: "PolicyServerSettings") -> str:
         """Serve the colocated generator to gym agents; returns the OpenAI base URL (`http://host:port/v1`)."""
         if self.generator is None:
             raise RuntimeError("this policy worker has no colocated generator to serve")
         if self._server is None:
+            from asyncppo.workers.policy_http import start_policy_server
+
             self._server = start_policy_server(self.generator, settings, self.rank)
         return self._server.url
 
@@ -177,9 +182,11 @@ class GeneratorEndpoint:
         self._sync_lock = threading.Lock()
         self._server: PolicyServer | None = None
 
-    def serve_http(self, settings: PolicyServerSettings) -> str:
+    def serve_http(self, settings: "PolicyServerSettings") -> str:
         """Serve this engine to gym agents; returns the OpenAI base URL (`http://host:port/v1`)."""
         if self._server is None:
+            from asyncppo.workers.policy_http import start_policy_server
+
             self._server = start_policy_server(self.generator, settings, self.rank)
         return self._server.url
 

@@ -1,0 +1,80 @@
+"""value.privileged_critic: its load-time rules, its plain settings and the value budgets it raises."""
+
+from pathlib import Path
+
+import pytest
+
+from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
+from asyncppo.cli import builders
+from asyncppo.config import ConfigError, validate_tree
+
+
+def _rejected(tree) -> str:
+    with pytest.raises(ConfigError) as caught:
+        validate_tree(tree)
+    assert len(caught.value.lines) == 1, caught.value.lines
+    return caught.value.lines[0]
+
+
+def _privileged(tree, **section):
+    tree["value"]["privileged_critic"] = {"enabled": True, "fields": [{"name": "answer"}], **section}
+    return tree
+
+
+def test_off_by_default_with_no_settings_and_no_raised_budget(tree):
+    config = validate_tree(tree)
+    assert config.value is not None and not config.value.privileged_critic.enabled
+    assert builders.privilege_settings(config) is None and not builders.step_settings(config).privileged_critic
+    assert config.value.critic_max_total_sequence_length == config.value.max_total_sequence_length
+
+
+def test_fields_become_plain_settings_in_priority_order(tree):
+    _privileged(
+        tree,
+        fields=[{"name": "meta.gold", "title": "gold", "max_tokens": 64}, {"name": "answer"}],
+        max_total_tokens=100,
+    )
+    config = validate_tree(tree)
+    assert builders.privilege_settings(config) == PrivilegeSettings(
+        (PrivilegedField("meta.gold", "gold", 64), PrivilegedField("answer", "answer", None)), max_total_tokens=100
+    )
+    assert builders.step_settings(config).privileged_critic
+
+
+def test_enabled_needs_fields(tree):
+    tree["value"]["privileged_critic"] = {"enabled": True}
+    assert _rejected(tree) == "value.privileged_critic.fields: must list at least one task field when enabled is true"
+
+
+def test_needs_a_critic(tree):
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
+    assert _rejected(_privileged(tree)).startswith(
+        "value.privileged_critic.enabled: needs a critic, but ppo.adv_estimator.name='raw_reward' trains none"
+    )
+
+
+def test_titles_must_be_unique_tag_names(tree):
+    _privileged(tree, fields=[{"name": "a.answer", "title": "answer"}, {"name": "answer"}])
+    assert _rejected(tree).startswith("value.privileged_critic.fields: duplicate title ['answer']")
+    _privileged(tree, fields=[{"name": "gold answer"}])
+    assert _rejected(tree).startswith("value.privileged_critic.fields.0.title: 'gold answer' is not a tag name")
+
+
+def test_unknown_keys_are_rejected(tree):
+    _privileged(tree, fields=[{"name": "answer", "cap": 3}])
+    assert "value.privileged_critic.fields.0.cap" in _rejected(tree)
+
+
+def test_value_budgets_are_raised_by_the_reserve_only_when_enabled(tree):
+    tree["value"]["max_tokens_per_microbatch"] = 1000
+    _privileged(tree, max_total_tokens=200, template_margin_tokens=50)
+    config = validate_tree(tree)
+    assert config.value is not None
+    assert config.value.critic_max_total_sequence_length == 2048 + 250
+    assert config.value.critic_max_tokens_per_microbatch == 1000 + 250
+    paths = builders.ModelPaths(policy=Path("policy"), tokenizer=Path("policy"), value=Path("policy"))
+    factory = builders.value_factory(config, paths, "cpu")
+    assert factory.args[2]["max_tokens_per_microbatch"] == 1250  # a functools.partial(build, path, device, kwargs)
+    tree["value"]["privileged_critic"]["enabled"] = False
+    value = validate_tree(tree).value
+    assert value is not None and value.critic_max_tokens_per_microbatch == 1000
