@@ -1,4 +1,5 @@
-"""Compare critic estimators on the CPU multi-turn gym demo: token GAE, turn_gae, turn_gae + residual baseline.
+"""Compare critic estimators on the CPU multi-turn gym demo: token GAE, turn_gae, turn_gae + residual baseline,
+and the same with a privileged critic that reads the expected answer.
 
 Runs `asyncppo train examples/configs/gym_multi_step.yaml` once per (estimator, seed) with overrides, then prints
 a markdown table of the pre-update critic diagnostics and the validation reward (docs/critic.md holds one).
@@ -31,6 +32,12 @@ VARIANTS = {
     "token GAE": TOKEN_GAE,
     "turn_gae": ["ppo.adv_estimator.residual_baseline=false"],
     "turn_gae + residual": ["ppo.adv_estimator.residual_baseline=true"],
+    # The critic also reads the task's expected answer (the policy never does).
+    "turn_gae + residual + privileged": [
+        "ppo.adv_estimator.residual_baseline=true",
+        "value.privileged_critic.enabled=true",
+        "value.privileged_critic.fields=[{name: expected_answer, title: answer}]",
+    ],
 }
 # Pre-update critic diagnostics are averaged over the last steps: single steps are noisy (64 rollouts each).
 LAST_STEPS = 20
@@ -71,8 +78,8 @@ def summarize(out: Path, seeds: list[int]) -> str:
     """Markdown table: per variant, the mean over seeds (and the per-seed values) of each column."""
     columns = ("critic/explained_var", "critic/ev_res")
     lines = [
-        f"| estimator | pre-update `critic/explained_var` (last {LAST_STEPS} steps) | `critic/ev_res` (last {LAST_STEPS}) "
-        "| val reward at start | final val reward |",
+        f"| estimator | pre-update `critic/explained_var` (last {LAST_STEPS} steps) "
+        f"| `critic/ev_res` (last {LAST_STEPS}) | val reward at start | final val reward |",
         "|---|---|---|---|---|",
     ]
     for variant in VARIANTS:
@@ -90,11 +97,7 @@ def summarize(out: Path, seeds: list[int]) -> str:
             cells["final"].append(validations[-1])
         if not cells["final"]:
             continue
-        lines.append(
-            f"| {variant} | "
-            + " | ".join(_cell(cells[name]) for name in (*columns, "start", "final"))
-            + " |"
-        )
+        lines.append(f"| {variant} | " + " | ".join(_cell(cells[name]) for name in (*columns, "start", "final")) + " |")
     return "\n".join(lines)
 
 

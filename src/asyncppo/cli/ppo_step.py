@@ -302,6 +302,9 @@ def _privileged_layout(
     return critic_layout(batch, critic_prefixes)
 
 
+EV_PREFIX = "critic/explained_var"
+
+
 def _train_critic(
     settings: StepSettings,
     value: ValueModel,
@@ -319,14 +322,17 @@ def _train_critic(
         _timed(timings, "critic_train", lambda: value.train(batch, offsets=offsets))
         for _ in range(settings.critic_ppo_epochs)
     ]
-    # The loss-derived EV comes from a critic that already fit this batch; keep it under its own name so the
-    # pre-update pooled EV stays the headline critic/explained_var.
-    metrics = {
-        key.replace("critic/explained_var", "critic/explained_var_last_pass")
-        if key.startswith("critic/explained_var")
-        else key: value_
-        for key, value_ in average_metrics(passes).items()
-    }
+    # The loss-derived EV comes from a critic that already fit this batch: it is reported for the last pass
+    # (how well the critic fits after all its passes), under its own name so the pre-update pooled EV stays
+    # the headline critic/explained_var. Losses, norms and the rest are means over the passes.
+    metrics = {key: value_ for key, value_ in average_metrics(passes).items() if not key.startswith(EV_PREFIX)}
+    metrics.update(
+        {
+            key.replace(EV_PREFIX, "critic/explained_var_last_pass"): value_
+            for key, value_ in passes[-1].items()
+            if key.startswith(EV_PREFIX)
+        }
+    )
     if settings.log_post_update_critic_metrics:
         rescored = value.train(batch, offsets=offsets, eval_only=True)
         for key in ("critic/explained_var", "critic/loss"):

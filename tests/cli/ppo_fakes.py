@@ -1,0 +1,185 @@
+"""Fakes for driving the real `ppo_step` on CPU: hand-made trajectories, step settings built from a small config
+tree, and a policy and a critic that answer with fixed tensors and log every call (in order, with a snapshot of
+the batch they were handed). A module with its own name (not conftest) so the tests import it unambiguously.
+
+Shapes: B rows, S positions (right padding, pad id 0).
+"""
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from asyncppo.cli.builders import step_settings
+from asyncppo.cli.ppo_step import StepSettings
+from asyncppo.config import validate_tree
+from asyncppo.rollout.batch import TrainBatch, collate_trajectories
+from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
+
+PAD = 0
+GENERATION_LOGPROB = -0.5
+
+# gamma = lambda = 1 makes every token-level return equal the terminal reward: G_t = R.
+GAE: dict[str, Any] = {
+    "name": "gae",
+    "gae_gamma": 1.0,
+    "gae_lambda": 1.0,
+    "gae_lambda_value": None,
+    "gae_lambda_policy": None,
+    "length_adaptive_alpha": 0.0,
+    "normalize_advantages": False,
+    "residual_baseline": False,
+}
+TURN_GAE: dict[str, Any] = {
+    "name": "turn_gae",
+    "turn_gae_gamma": 1.0,
+    "turn_gae_lambda_value": 0.5,
+    "turn_gae_lambda_policy": 1.0,
+    "normalize_advantages": False,
+    "residual_baseline": False,
+}
+_TREE: dict[str, Any] = {
+    "model": {"model_name": "tiny:tiny", "train_micro_batch_size": 2},
+    "value": {"train_micro_batch_size": 2},
+    "data": {"train_path": "unused.jsonl"},
+    "ppo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2, "max_num_steps": 4, "ppo_epochs": 1},
+}
+
+
+def settings_from_config(
+    estimator: Mapping[str, Any], ppo: Mapping[str, Any] | None = None, value_loss_fn: Mapping[str, Any] | None = None
+) -> StepSettings:
+    """StepSettings the way the driver builds them: a config tree, validated, through `builders.step_settings`."""
+    tree = copy.deepcopy(_TREE)
+    tree["ppo"] |= {"adv_estimator": dict(estimator), **(ppo or {})}
+    if value_loss_fn is not None:
+        tree["value_loss_fn"] = dict(value_loss_fn)
+    return step_settings(validate_tree(tree))
+
+
+def trajectory(
+    messages: Sequence[tuple[Role, int]], reward: float, group_id: int, sample_index: int = 0, mask_sample: bool = False
+) -> Trajectory:
+    """A rollout whose message log is `messages` (role, num_tokens); the first message is the prompt.
+
+    Token t has id 10 + t; the assistant tokens are the generated ones (loss mask 1, generation logprob -0.5).
+    """
+    roles = [role for role, num_tokens in messages for _ in range(num_tokens)]
+    loss_mask = [int(role == "assistant") for role in roles]
+    return Trajectory(
+        token_ids=[10 + position for position in range(len(roles))],
+        loss_mask=loss_mask,
+        generation_logprobs=[GENERATION_LOGPROB * generated for generated in loss_mask],
+        prompt_length=messages[0][1],
+        message_log=[MessageSpan(role, num_tokens) for role, num_tokens in messages],
+        reward=reward,
+        group_id=group_id,
+        sample_index=sample_index,
+        policy_version=0,
+        last_policy_version=0,
+        mask_sample=mask_sample,
+    )
+
+
+def single_turn(
+    prompt: int, response: int, reward: float, group_id: int, sample_index: int = 0, mask_sample: bool = False
+) -> Trajectory:
+    return trajectory([("user", prompt), ("assistant", response)], reward, group_id, sample_index, mask_sample)
+
+
+def collate(trajectories: Sequence[Trajectory]) -> TrainBatch:
+    return collate_trajectories(trajectories, PAD)
+
+
+def snapshot(batch: TrainBatch) -> TrainBatch:
+    """A copy with every tensor cloned, so what a call saw cannot change after it returns."""
+    clones = {
+        spec.name: value.clone()
+        for spec in fields(batch)
+        if isinstance(value := getattr(batch, spec.name), torch.Tensor)
+    }
+    return batch.with_fields(**clones)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One model call made by the step: `model.method`, the batch it received, and the critic's keywords."""
+
+    name: str
+    batch: TrainBatch
+    offsets: tuple[torch.Tensor, torch.Tensor] | None = None
+    eval_only: bool = False
+
+    @property
+    def label(self) -> str:
+        """The name, marked when the call is the critic's forward-only re-score."""
+        return f"{self.name}(eval_only)" if self.eval_only else self.name
+
+
+@dataclass
+class CallLog:
+    """Every call of both fakes, in the order the step made them."""
+
+    calls: list[Call] = field(default_factory=list[Call])
+
+    @property
+    def labels(self) -> list[str]:
+        return [call.label for call in self.calls]
+
+    def of(self, name: str, eval_only: bool = False) -> list[Call]:
+        return [call for call in self.calls if call.name == name and call.eval_only == eval_only]
+
+
+def pass_metrics(index: int) -> dict[str, float]:
+    """What FakeValue reports for its index-th (0-based) training pass: loss 1/(i+1), loss-derived EV 0.1 (i+1)."""
+    return {"critic/loss": 1.0 / (index + 1), "critic/explained_var": 0.1 * (index + 1)}
+
+
+POST_UPDATE_METRICS = {"critic/loss": 0.05, "critic/explained_var": 0.97}
+"""What FakeValue reports for the forward-only re-score."""
+
+
+class FakePolicy:
+    """Old and reference logprobs = the generation logprobs (no mismatch); train reports its pass index as loss."""
+
+    def __init__(self, log: CallLog) -> None:
+        self.log = log
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        self.log.calls.append(Call("policy.logprobs", snapshot(batch)))
+        return batch.generation_logprobs.clone()
+
+    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        self.log.calls.append(Call("policy.reference_logprobs", snapshot(batch)))
+        return batch.generation_logprobs.clone()
+
+    def train(self, batch: TrainBatch) -> dict[str, float]:
+        passes = len(self.log.of("policy.train"))
+        self.log.calls.append(Call("policy.train", snapshot(batch)))
+        return {"policy/loss": float(passes)}
+
+
+class FakeValue:
+    """A critic whose values are the fixed `[B, S]` tensor it was built with; train reports `pass_metrics`."""
+
+    def __init__(self, log: CallLog, values: torch.Tensor) -> None:
+        self.log = log
+        self._values = values.float()
+
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        assert self._values.shape == batch.input_ids.shape, "the fake's values must match the batch"
+        self.log.calls.append(Call("value.values", snapshot(batch)))
+        return self._values.clone()
+
+    def train(
+        self,
+        batch: TrainBatch,
+        offsets: tuple[torch.Tensor, torch.Tensor] | None = None,
+        eval_only: bool = False,
+    ) -> dict[str, float]:
+        passes = len(self.log.of("value.train"))
+        copied = None if offsets is None else (offsets[0].clone(), offsets[1].clone())
+        self.log.calls.append(Call("value.train", snapshot(batch), copied, eval_only))
+        return dict(POST_UPDATE_METRICS) if eval_only else pass_metrics(passes)
