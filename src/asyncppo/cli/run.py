@@ -9,7 +9,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,19 +27,20 @@ from asyncppo.checkpoint import (
 from asyncppo.cli import builders
 from asyncppo.cli.ppo_step import StepSettings
 from asyncppo.cli.privileged_critic import CriticPrefixes, PrivilegedCritic
+from asyncppo.cli.run_inputs import (
+    FAILURE_BUDGET_KEY,
+    RolloutFunctions,
+    ValidationRolloutFn,
+    batch_source,
+    load_data,
+    single_turn_rollouts,
+)
 from asyncppo.config import ConfigError, RunConfig, dump_config
-from asyncppo.data.prompt_stream import PromptStream
-from asyncppo.data.rows import load_gym_rows, load_rows, split_rows
 from asyncppo.distributed.process_group import SyncGroupSpec, free_port
-from asyncppo.generation.protocol import SamplingParams
 from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBoardSink
 from asyncppo.models.tokenizer import load_tokenizer
-from asyncppo.pipeline.async_source import build_async_source
-from asyncppo.pipeline.collector import GroupRolloutFn
 from asyncppo.pipeline.failures import StepFailureBudget
-from asyncppo.pipeline.sources import BatchSource, GroupRolloutsFn, SyncBatchSource, strict_group_rollouts
-from asyncppo.rollout.rewards import load_reward_function
-from asyncppo.rollout.single_turn import run_single_turn_rollouts
+from asyncppo.pipeline.sources import BatchSource
 from asyncppo.rollout.trajectory import Trajectory
 from asyncppo.workers.ray_host import HostOptions, WorkerGroup, init_local_ray
 from asyncppo.workers.remote import RemoteGenerator, RemotePolicy, RemoteValue, WeightSync
@@ -48,7 +49,6 @@ if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported 
     from asyncppo.cli.gym_setup import GymRollouts
 
 log = logging.getLogger(__name__)
-FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
 WORKER_CALL_TIMEOUT_S = 3600.0
 GYM_RESULTS_FILE = "gym_results.jsonl"
 POLICY_DIR, VALUE_DIR, SOURCE_STATE_FILE, RNG_STATE_FILE, CONFIG_FILE, ACCOUNTING_FILE = (
@@ -66,10 +66,6 @@ class PublishedVersion:
 
     def __init__(self) -> None:
         self.value = 0
-
-
-ValidationRolloutFn = Callable[[Sequence[dict[str, Any]], int], tuple[list[Trajectory], int]]
-"""(validation rows, generations per row) -> (trajectories, number of failed prompt groups)."""
 
 
 @dataclass
@@ -214,109 +210,6 @@ class Run:
                 group.kill()
 
 
-@dataclass(frozen=True)
-class RolloutFunctions:
-    """How a run gets trajectories: the sync source's, the async collector's and validation's rollouts."""
-
-    train: GroupRolloutsFn
-    collector: GroupRolloutFn
-    validation: ValidationRolloutFn
-
-
-def _single_turn_rollouts(
-    config: RunConfig, generator: RemoteGenerator, tokenizer: Any, eos: tuple[int, ...]
-) -> RolloutFunctions:
-    """Reward-function rollouts: one generation per sample from the row's prompt, scored by env.reward_function."""
-    reward_fn = load_reward_function(config.env.reward_function)
-    max_prompt_tokens = config.data.max_input_seq_length or (
-        config.model.max_total_sequence_length - config.generation.max_new_tokens
-    )
-    train_profile = builders.train_sampling(config, eos)
-    validation_profile = builders.validation_sampling(config, eos)
-
-    def rollout(
-        rows: Sequence[dict[str, Any]], group_id_start: int, sampling: SamplingParams, generations: int
-    ) -> list[Trajectory]:
-        return run_single_turn_rollouts(
-            generator,
-            tokenizer,
-            rows,
-            num_generations_per_prompt=generations,
-            sampling=sampling,
-            reward_fn=reward_fn,
-            group_id_start=group_id_start,
-            system_prompt=config.data.system_prompt,
-            prompt_key="prompt",
-            messages_key="messages",
-            max_prompt_tokens=max_prompt_tokens,
-        )
-
-    generations = config.ppo.num_generations_per_prompt
-
-    def train(rows: Sequence[dict[str, Any]], group_id_start: int) -> list[Trajectory]:
-        return rollout(rows, group_id_start, train_profile, generations)
-
-    def collector(group_rows: list[dict[str, Any]], draw_ids: list[int]) -> list[list[Trajectory]]:
-        # One prompt group per call: its draw id is its group id, unique across epochs and resumes.
-        return [train([row], draw_id) for row, draw_id in zip(group_rows, draw_ids, strict=True)]
-
-    def validation(rows: Sequence[dict[str, Any]], num_generations: int) -> tuple[list[Trajectory], int]:
-        return rollout(rows, 0, validation_profile, num_generations), 0
-
-    return RolloutFunctions(strict_group_rollouts(train), collector, validation)
-
-
-def _batch_source(
-    config: RunConfig,
-    rows: list[dict[str, Any]],
-    rollouts: "RolloutFunctions",
-    failure_budget: StepFailureBudget | None,
-    start_step: int,
-) -> BatchSource:
-    """Sync: generate each step's batch on demand. Async: a collector runs ahead into a trajectory buffer."""
-    ppo = config.ppo
-    settings = ppo.async_ppo
-    # The async collector cycles epochs itself (async PPO is bounded by max_num_steps only, as in the seed).
-    max_epochs = None if settings.enabled else ppo.max_num_epochs
-    stream = PromptStream(
-        rows, batch_size=ppo.num_prompts_per_step, seed=ppo.seed, shuffle=config.data.shuffle, max_epochs=max_epochs
-    )
-    if not settings.enabled:
-        return SyncBatchSource(
-            stream,
-            rollouts.train,
-            num_prompts_per_step=ppo.num_prompts_per_step,
-            failure_budget=failure_budget or StepFailureBudget(0, FAILURE_BUDGET_KEY),
-        )
-    return build_async_source(
-        stream,
-        rollouts.collector,
-        num_prompts_per_step=ppo.num_prompts_per_step,
-        start_step=start_step,
-        policy_training_start_step=ppo.policy_training_start_step,
-        max_trajectory_age_steps=settings.max_trajectory_age_steps,
-        warmup_max_trajectory_age_steps=settings.warmup_max_trajectory_age_steps,
-        in_flight_weight_updates=settings.in_flight_weight_updates,
-        drop_incomplete_targets_on_restore=settings.drop_incomplete_targets_on_restore,
-        watchdog_timeout_s=settings.watchdog_timeout_s,
-        failure_budget=failure_budget,
-    )
-
-
-def _data(config: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    data = config.data
-
-    def load(path: str) -> list[dict[str, Any]]:
-        if config.env.should_use_nemo_gym:
-            return load_gym_rows(path)
-        return load_rows(path, prompt_key=data.prompt_key, messages_key=data.messages_key)
-
-    rows = load(data.train_path)
-    if data.validation_path is not None:
-        return rows, load(data.validation_path)
-    return split_rows(rows, data.validation_fraction, config.ppo.seed)
-
-
 def _token_id(value: object, name: str, tokenizer_path: Path) -> int:
     if not isinstance(value, int):
         raise ValueError(f"the tokenizer at {tokenizer_path} has {name}={value!r}; generation needs one token id")
@@ -349,7 +242,7 @@ def check_supported(config: RunConfig) -> None:
 def build_run(config: RunConfig, run_dir: Path) -> Run:
     """Start Ray and every worker, connect weight sync, and open data, sinks and checkpoints."""
     check_supported(config)
-    train_rows, validation_rows = _data(config)  # before any process starts: a data error costs nothing
+    train_rows, validation_rows = load_data(config)  # before any process starts: a data error costs nothing
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(dump_config(config))
     paths = builders.model_paths(config)
@@ -435,7 +328,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         rollouts = RolloutFunctions(gym.train_outcomes(generations), gym.collector_rollout(generations), gym.validation)
         failure_budget = StepFailureBudget(config.env.gym.max_failed_groups_per_step, FAILURE_BUDGET_KEY)
     else:
-        rollouts = _single_turn_rollouts(config, generator, tokenizer, eos)
+        rollouts = single_turn_rollouts(config, generator, tokenizer, eos)
         failure_budget = None
     checkpoints = None
     if config.checkpointing.enabled:
@@ -448,7 +341,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         )
     latest = checkpoints.latest() if checkpoints is not None else None
     resume_step = load_run_state(latest).step if latest is not None else 0
-    source = _batch_source(config, train_rows, rollouts, failure_budget, resume_step)
+    source = batch_source(config, train_rows, rollouts, failure_budget, resume_step)
     privilege = builders.privilege_settings(config)
     return Run(
         config=config,

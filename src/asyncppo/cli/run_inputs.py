@@ -1,0 +1,132 @@
+"""Where a run's trajectories come from: its data, its rollout functions and its batch source.
+
+`cli/run.py` (build_run) calls these; the gym's rollout functions come from `cli/gym_setup.py`.
+
+    data.train_path / validation_path --load_data--> rows --PromptStream--> batch_source --> driver
+    reward-function rollouts (single_turn_rollouts) | gym rollouts --RolloutFunctions--> train / collector / validation
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asyncppo.cli import builders
+from asyncppo.config import RunConfig
+from asyncppo.data.prompt_stream import PromptStream
+from asyncppo.data.rows import load_gym_rows, load_rows, split_rows
+from asyncppo.generation.protocol import SamplingParams
+from asyncppo.pipeline.async_source import build_async_source
+from asyncppo.pipeline.collector import GroupRolloutFn
+from asyncppo.pipeline.failures import StepFailureBudget
+from asyncppo.pipeline.sources import BatchSource, GroupRolloutsFn, SyncBatchSource, strict_group_rollouts
+from asyncppo.rollout.rewards import load_reward_function
+from asyncppo.rollout.single_turn import run_single_turn_rollouts
+from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.workers.remote import RemoteGenerator
+
+FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
+ValidationRolloutFn = Callable[[Sequence[dict[str, Any]], int], tuple[list[Trajectory], int]]
+"""(validation rows, generations per row) -> (trajectories, number of failed prompt groups)."""
+
+
+@dataclass(frozen=True)
+class RolloutFunctions:
+    """How a run gets trajectories: the sync source's, the async collector's and validation's rollouts."""
+
+    train: GroupRolloutsFn
+    collector: GroupRolloutFn
+    validation: ValidationRolloutFn
+
+
+def single_turn_rollouts(
+    config: RunConfig, generator: RemoteGenerator, tokenizer: Any, eos: tuple[int, ...]
+) -> RolloutFunctions:
+    """Reward-function rollouts: one generation per sample from the row's prompt, scored by env.reward_function."""
+    reward_fn = load_reward_function(config.env.reward_function)
+    max_prompt_tokens = config.data.max_input_seq_length or (
+        config.model.max_total_sequence_length - config.generation.max_new_tokens
+    )
+    train_profile = builders.train_sampling(config, eos)
+    validation_profile = builders.validation_sampling(config, eos)
+
+    def rollout(
+        rows: Sequence[dict[str, Any]], group_id_start: int, sampling: SamplingParams, generations: int
+    ) -> list[Trajectory]:
+        return run_single_turn_rollouts(
+            generator,
+            tokenizer,
+            rows,
+            num_generations_per_prompt=generations,
+            sampling=sampling,
+            reward_fn=reward_fn,
+            group_id_start=group_id_start,
+            system_prompt=config.data.system_prompt,
+            prompt_key="prompt",
+            messages_key="messages",
+            max_prompt_tokens=max_prompt_tokens,
+        )
+
+    generations = config.ppo.num_generations_per_prompt
+
+    def train(rows: Sequence[dict[str, Any]], group_id_start: int) -> list[Trajectory]:
+        return rollout(rows, group_id_start, train_profile, generations)
+
+    def collector(group_rows: list[dict[str, Any]], draw_ids: list[int]) -> list[list[Trajectory]]:
+        # One prompt group per call: its draw id is its group id, unique across epochs and resumes.
+        return [train([row], draw_id) for row, draw_id in zip(group_rows, draw_ids, strict=True)]
+
+    def validation(rows: Sequence[dict[str, Any]], num_generations: int) -> tuple[list[Trajectory], int]:
+        return rollout(rows, 0, validation_profile, num_generations), 0
+
+    return RolloutFunctions(strict_group_rollouts(train), collector, validation)
+
+
+def batch_source(
+    config: RunConfig,
+    rows: list[dict[str, Any]],
+    rollouts: RolloutFunctions,
+    failure_budget: StepFailureBudget | None,
+    start_step: int,
+) -> BatchSource:
+    """Sync: generate each step's batch on demand. Async: a collector runs ahead into a trajectory buffer."""
+    ppo = config.ppo
+    settings = ppo.async_ppo
+    # The async collector cycles epochs itself (async PPO is bounded by max_num_steps only, as in the seed).
+    max_epochs = None if settings.enabled else ppo.max_num_epochs
+    stream = PromptStream(
+        rows, batch_size=ppo.num_prompts_per_step, seed=ppo.seed, shuffle=config.data.shuffle, max_epochs=max_epochs
+    )
+    if not settings.enabled:
+        return SyncBatchSource(
+            stream,
+            rollouts.train,
+            num_prompts_per_step=ppo.num_prompts_per_step,
+            failure_budget=failure_budget or StepFailureBudget(0, FAILURE_BUDGET_KEY),
+        )
+    return build_async_source(
+        stream,
+        rollouts.collector,
+        num_prompts_per_step=ppo.num_prompts_per_step,
+        start_step=start_step,
+        policy_training_start_step=ppo.policy_training_start_step,
+        max_trajectory_age_steps=settings.max_trajectory_age_steps,
+        warmup_max_trajectory_age_steps=settings.warmup_max_trajectory_age_steps,
+        in_flight_weight_updates=settings.in_flight_weight_updates,
+        drop_incomplete_targets_on_restore=settings.drop_incomplete_targets_on_restore,
+        watchdog_timeout_s=settings.watchdog_timeout_s,
+        failure_budget=failure_budget,
+    )
+
+
+def load_data(config: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    data = config.data
+
+    def load(path: str) -> list[dict[str, Any]]:
+        if config.env.should_use_nemo_gym:
+            return load_gym_rows(path)
+        return load_rows(path, prompt_key=data.prompt_key, messages_key=data.messages_key)
+
+    rows = load(data.train_path)
+    if data.validation_path is not None:
+        return rows, load(data.validation_path)
+    return split_rows(rows, data.validation_fraction, config.ppo.seed)
