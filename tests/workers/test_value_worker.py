@@ -129,3 +129,23 @@ def test_train_needs_returns_and_old_values_when_clipping(make_value: MakeValue)
         worker.train(batch)
     with pytest.raises(ValueError, match="offsets"):
         worker.train(batch.with_fields(values=worker.values(batch)), offsets=(torch.zeros(2), torch.zeros(2)))
+
+
+def test_the_critic_learns_a_return_that_depends_on_the_state(make_value: MakeValue) -> None:
+    """A token early in the sequence decides the return; the critic must tell the two states apart (EV near 1),
+    not only learn the mean (EV 0). Guards the whole path: shifted reads, head and backbone gradients, masks."""
+    worker = make_value()
+    batch = make_batch([20] * 32, seed=1)
+    marker = torch.tensor([50 if row % 2 else 60 for row in range(32)])
+    input_ids = batch.input_ids.clone()
+    input_ids[:, 2] = marker
+    returns = (marker == 50).float()[:, None] * batch.token_mask
+    batch = batch.with_fields(
+        input_ids=input_ids, returns=returns, critic_mask=batch.token_mask, critic_sample_mask=torch.ones(32)
+    )
+    for _ in range(40):
+        batch = batch.with_fields(values=worker.values(batch))
+        worker.train(batch)
+    values = worker.values(batch)
+    ev_abs, _ = pooled_explained_variance(values, returns, batch.token_mask)
+    assert ev_abs > 0.9, ev_abs
