@@ -8,7 +8,6 @@ builder calls `ensure_arithmetic_policy` (cached build, reused after). Letters: 
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from asyncppo.data.arithmetic import (
 )
 from asyncppo.data.rows import prompt_messages
 from asyncppo.models.build_cache import build_once
+from asyncppo.models.supervised_warmup import Batch, eos_and_pad, supervised_warm_up
 from asyncppo.models.tiny import TINY, TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 
 # Bump when the warm-up procedure changes in a way the recipe does not capture, so caches rebuild.
@@ -82,18 +82,11 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
     return text
 
 
-def _eos_and_pad(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    if not isinstance(eos, int) or not isinstance(pad, int):
-        raise ValueError(f"the tokenizer needs an eos and a pad token, has eos={eos!r} pad={pad!r}")
-    return eos, pad
-
-
 def demonstration_batch(
     tokenizer: PreTrainedTokenizerBase, demonstrations: list[Demonstration], prompt_cache: dict[str, list[int]]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, labels) [B, S], right-padded; labels are -100 except on answer + eos."""
-    eos, pad = _eos_and_pad(tokenizer)
+    eos, pad = eos_and_pad(tokenizer)
     sequences = []
     for demonstration in demonstrations:
         if demonstration.question not in prompt_cache:
@@ -116,42 +109,24 @@ def demonstration_batch(
 
 
 def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, recipe: WarmupRecipe) -> float:
-    """Supervised training on the recipe's demonstrations (AdamW, linear warm-up then cosine decay).
+    """Supervised training on the recipe's demonstrations (see supervised_warm_up).
 
     Returns the mean loss per answer token over the last 10% of steps.
     """
     demonstrations = warmup_demonstrations(recipe)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, betas=(0.9, 0.98), weight_decay=0.0)
-
-    def lr_factor(step: int) -> float:
-        ramp = min(1.0, (step + 1) / recipe.warmup_steps)
-        return ramp * 0.5 * (1.0 + math.cos(math.pi * step / recipe.num_steps))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     prompt_cache: dict[str, list[int]] = {}
-    last_losses = []
-    # The kernels of a 93k-parameter model are too small to split across threads: on the shared 2-core machine
-    # one thread ran 100 steps in 3.9 s of CPU, two threads in 21-38 s (synchronisation and spinning).
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model.train()
-    try:
-        for step in range(recipe.num_steps):
-            start = step * recipe.batch_size
-            batch = demonstration_batch(tokenizer, demonstrations[start : start + recipe.batch_size], prompt_cache)
-            input_ids, attention_mask, labels = batch
-            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            if step >= recipe.num_steps * 0.9:
-                last_losses.append(loss.item())
-    finally:
-        model.eval()
-        torch.set_num_threads(num_threads)
-    return sum(last_losses) / max(len(last_losses), 1)
+
+    def batch_at(step: int) -> Batch:
+        start = step * recipe.batch_size
+        return demonstration_batch(tokenizer, demonstrations[start : start + recipe.batch_size], prompt_cache)
+
+    return supervised_warm_up(
+        model,
+        batch_at,
+        num_steps=recipe.num_steps,
+        learning_rate=recipe.learning_rate,
+        warmup_steps=recipe.warmup_steps,
+    )
 
 
 @dataclass(frozen=True)
@@ -175,7 +150,7 @@ def answer_accuracy(
 
     generate() is fine for this measurement only: nothing here feeds logprobs into training.
     """
-    eos, pad = _eos_and_pad(tokenizer)
+    eos, pad = eos_and_pad(tokenizer)
     # PreTrainedModel itself has no generate() in transformers 5; causal LM classes mix it in.
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate"
     side = tokenizer.padding_side

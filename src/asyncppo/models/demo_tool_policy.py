@@ -8,12 +8,9 @@ as the policy server does). The trainer's model builder calls `ensure_tool_polic
 Letters: B batch, S sequence.
 """
 
-import contextlib
 import hashlib
 import json
-import math
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ from asyncppo.data.tool_task import (
 )
 from asyncppo.models.build_cache import build_once
 from asyncppo.models.chat_template import IM_END, IM_START
+from asyncppo.models.supervised_warmup import Batch, eos_and_pad, one_thread, supervised_warm_up
 from asyncppo.models.tiny import TINY, TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 
 # Bump when the warm-up procedure changes in a way the recipe does not capture, so caches rebuild.
@@ -87,13 +85,6 @@ def tool_policy_fingerprint(recipe: ToolWarmupRecipe) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-def _eos_and_pad(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    if not isinstance(eos, int) or not isinstance(pad, int):
-        raise ValueError(f"the tokenizer needs an eos and a pad token, has eos={eos!r} pad={pad!r}")
-    return eos, pad
-
-
 def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
     """The chat-template text of `messages` (no tools: the task's rows carry none)."""
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -132,7 +123,7 @@ def conversation_batch(
     tokenizer: PreTrainedTokenizerBase, demonstrations: list[Demonstration]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, labels) [B, S], right-padded; labels are -100 except on assistant turns."""
-    _, pad = _eos_and_pad(tokenizer)
+    _, pad = eos_and_pad(tokenizer)
     sequences = [conversation_tokens(tokenizer, demonstration.messages) for demonstration in demonstrations]
     length = max(len(ids) for ids, _ in sequences)
     input_ids = torch.full((len(sequences), length), pad)
@@ -145,49 +136,24 @@ def conversation_batch(
     return input_ids, attention_mask, labels
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    # A 93k-parameter model's kernels are too small to split across threads (see demo_policy.warm_up).
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(num_threads)
-
-
 def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, recipe: ToolWarmupRecipe) -> float:
-    """Supervised training on the recipe's plays (AdamW, linear warm-up then cosine decay), on one thread.
+    """Supervised training on the recipe's plays (see supervised_warm_up).
 
     Returns the mean loss per assistant token over the last 10% of steps.
     """
     demonstrations = warmup_demonstrations(recipe)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, betas=(0.9, 0.98), weight_decay=0.0)
 
-    def lr_factor(step: int) -> float:
-        ramp = min(1.0, (step + 1) / recipe.warmup_steps)
-        return ramp * 0.5 * (1.0 + math.cos(math.pi * step / recipe.num_steps))
+    def batch_at(step: int) -> Batch:
+        start = step * recipe.batch_size
+        return conversation_batch(tokenizer, demonstrations[start : start + recipe.batch_size])
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    last_losses = []
-    model.train()
-    try:
-        with _one_thread():
-            for step in range(recipe.num_steps):
-                start = step * recipe.batch_size
-                batch = conversation_batch(tokenizer, demonstrations[start : start + recipe.batch_size])
-                input_ids, attention_mask, labels = batch
-                loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                if step >= recipe.num_steps * 0.9:
-                    last_losses.append(loss.item())
-    finally:
-        model.eval()
-    return sum(last_losses) / max(len(last_losses), 1)
+    return supervised_warm_up(
+        model,
+        batch_at,
+        num_steps=recipe.num_steps,
+        learning_rate=recipe.learning_rate,
+        warmup_steps=recipe.warmup_steps,
+    )
 
 
 @dataclass
@@ -219,7 +185,7 @@ class ToolTaskPlay:
         The next prompt is gym/chat_prompt.build_prompt's splice: the exact ids so far, eos included, then the
         template's rendering of everything after this turn's eos (the tool messages, the generation prompt).
         """
-        eos, _ = _eos_and_pad(tokenizer)
+        eos, _ = eos_and_pad(tokenizer)
         ended = eos in generated
         ids = generated[: generated.index(eos) + 1] if ended else generated
         content, calls = parse_generation(str(tokenizer.decode(ids[:-1] if ended else ids)))
@@ -301,7 +267,7 @@ def _generate(
     max_new_tokens: int,
 ) -> list[list[int]]:
     """The generated ids of each prompt (left-padded into one batch; pads after eos included)."""
-    eos, pad = _eos_and_pad(tokenizer)
+    eos, pad = eos_and_pad(tokenizer)
     # PreTrainedModel itself has no generate() in transformers 5; causal LM classes mix it in.
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate"
     length = max(len(prompt) for prompt in prompts)
@@ -344,7 +310,7 @@ def _build_tool_policy(directory: Path, recipe: ToolWarmupRecipe) -> None:
         recipe.num_validation, recipe.split_seed, recipe.max_addend, recipe.min_multiplier, recipe.max_multiplier
     )
     rows = [problem.row() for problem in validation]
-    with _one_thread():
+    with one_thread():
         sampled = play_tool_task(model, tokenizer, rows, do_sample=True)
         greedy = play_tool_task(model, tokenizer, rows, do_sample=False)
     model.save_pretrained(directory)
