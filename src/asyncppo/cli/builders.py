@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from asyncppo.algorithms.advantages import AdvantageSettings
 from asyncppo.algorithms.policy_loss import PolicyLossSettings
@@ -235,6 +236,24 @@ def model_paths(config: RunConfig) -> ModelPaths:
         value_name = config.value.model_name
         value = policy if value_name is None else resolve_model_path(value_name, "value.model_name")
     return ModelPaths(policy=policy, tokenizer=tokenizer, value=value)
+
+
+def end_and_pad_ids(
+    config: RunConfig, tokenizer: PreTrainedTokenizerBase, tokenizer_path: Path
+) -> tuple[tuple[int, ...], int]:
+    """(ids that end a generation: EOS plus generation.stop_token_ids, pad id: the tokenizer's or EOS)."""
+
+    def token_id(value: object, name: str) -> int:
+        if not isinstance(value, int):
+            raise ConfigError(
+                [f"model.tokenizer: the tokenizer at {tokenizer_path} has {name}={value!r}; generation needs one id"]
+            )
+        return value
+
+    eos_id = token_id(tokenizer.eos_token_id, "eos_token_id")
+    stop_ids: list[int] = list(config.generation.stop_token_ids or [])
+    pad = eos_id if tokenizer.pad_token_id is None else token_id(tokenizer.pad_token_id, "pad_token_id")
+    return tuple(sorted({eos_id, *stop_ids})), pad
 
 
 def engine_settings(config: RunConfig, eos_token_ids: tuple[int, ...], pad_token_id: int) -> EngineSettings:

@@ -19,16 +19,15 @@ from collections.abc import Iterator
 from types import FrameType
 
 from asyncppo.cli import builders
+from asyncppo.cli.gym_setup import check_builtin_resources, policy_server_settings, sampling_profiles
 from asyncppo.config import ConfigError, RunConfig, load_config
 from asyncppo.generation.hf_generator import HFGenerator
-from asyncppo.generation.protocol import SamplingParams
-from asyncppo.gym.policy_server import PolicyServer, SamplingProfile, create_policy_app
+from asyncppo.gym.policy_server import PolicyServer
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
-from asyncppo.gym.servers.resources import RESOURCES_APPS
 from asyncppo.models.policy import load_policy
 from asyncppo.models.tokenizer import load_tokenizer
+from asyncppo.workers.policy_http import HOST, start_policy_server
 
-HOST = "127.0.0.1"
 READY = "ready"
 """Printed (and flushed) once every server answers, so scripts can wait for it."""
 
@@ -38,7 +37,7 @@ def run_gym_serve_command(args: argparse.Namespace) -> int:
     stop_requested = threading.Event()
     with _stop_on_signals(stop_requested):
         config = load_config(args.config, args.overrides)
-        _check_resources(config)
+        check_builtin_resources(config.env.gym.resources)
         with contextlib.ExitStack() as running:  # unwinds in reverse: gym, policy server, engine
             server = _start_policy_server(config, running)
             gym = launch_builtin_gym(
@@ -71,25 +70,13 @@ def _stop_on_signals(stop_requested: threading.Event) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _check_resources(config: RunConfig) -> None:
-    unknown = [name for name in config.env.gym.resources if name not in RESOURCES_APPS]
-    if unknown:
-        known = sorted(RESOURCES_APPS)
-        raise ConfigError([f"env.gym.resources: unknown built-in environment {unknown[0]!r}; expected one of {known}"])
-
-
 def _start_policy_server(config: RunConfig, running: contextlib.ExitStack) -> PolicyServer:
     """Load the policy, start its engine and serve it; `running` stops both when it unwinds."""
     paths = builders.model_paths(config)
     device = builders.resolve_device(config)
     tokenizer = load_tokenizer(paths.tokenizer)
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    if not isinstance(eos_id, int):
-        raise ConfigError([f"model.tokenizer: the tokenizer at {paths.tokenizer} has no single eos_token_id"])
-    pad_id = pad_id if isinstance(pad_id, int) else eos_id
-    stop_ids: list[int] = list(config.generation.stop_token_ids or [])
-    eos: tuple[int, ...] = tuple(sorted({eos_id, *stop_ids}))
-    engine = builders.engine_settings(config, eos, pad_id)
+    eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
+    engine = builders.engine_settings(config, eos, pad)
     policy = load_policy(paths.policy, dtype=builders.DTYPES[config.model.precision], device=device)
     generator = HFGenerator(
         policy,
@@ -101,29 +88,13 @@ def _start_policy_server(config: RunConfig, running: contextlib.ExitStack) -> Po
         max_context_length=engine.max_context_length,
     )
     running.callback(generator.close)
-    app = create_policy_app(
-        generator,
-        tokenizer,
-        model_name=config.env.gym.model_name,
-        train_sampling=_profile(builders.train_sampling(config, ())),
-        validation_sampling=_profile(builders.validation_sampling(config, ())),
-        max_model_len=config.model.max_total_sequence_length,
-        api_key=config.env.gym.api_key,
-    )
-    port = config.env.gym.policy_server_port
+    settings = policy_server_settings(config, str(paths.tokenizer))
     try:
-        server = PolicyServer(app, host=HOST, port=port)
+        server = start_policy_server(generator, settings, rank=0, tokenizer=tokenizer)
     except OSError as error:
-        raise ConfigError([f"env.gym.policy_server_port: cannot listen on {HOST}:{port}: {error}"]) from error
+        raise ConfigError([f"env.gym.policy_server_port: cannot listen on {HOST}:{settings.port}: {error}"]) from error
     running.callback(server.stop)
-    server.start()
     return server
-
-
-def _profile(sampling: SamplingParams) -> SamplingProfile:
-    """The (temperature, top_p) pair requests must send; greedy decoding is temperature 0 on the wire (stop ids
-    play no part: requests cannot set them)."""
-    return (0.0 if sampling.greedy else sampling.temperature, sampling.top_p)
 
 
 def _print_servers(config: RunConfig, server: PolicyServer, gym: BuiltinGym) -> None:
@@ -134,8 +105,9 @@ def _print_servers(config: RunConfig, server: PolicyServer, gym: BuiltinGym) -> 
         print(f"agent {name}: {url}  (POST /run)")
     for name, url in gym.resources_urls.items():
         print(f"resources {name}: {url}")
-    temperature, top_p = _profile(builders.train_sampling(config, ()))
-    body = {"model": gym_config.model_name, "input": "What is 2+3?", "temperature": temperature, "top_p": top_p}
+    train, _ = sampling_profiles(config)
+    body = {"model": gym_config.model_name, "input": "What is 2+3?", "temperature": train.temperature}
+    body["top_p"] = train.top_p
     headers = "-H 'Content-Type: application/json'"
     if gym_config.api_key is not None:
         headers += " -H 'Authorization: Bearer <env.gym.api_key>'"

@@ -66,11 +66,10 @@ def penalty_settings(config: RunConfig) -> PenaltySettings:
     )
 
 
-def check_builtin_resources(config: RunConfig) -> None:
-    """ConfigError for a built-in environment name that does not exist (before any process starts)."""
-    if not config.env.should_use_nemo_gym or config.env.gym.launch != "builtin":
-        return
-    unknown = [name for name in config.env.gym.resources if name not in RESOURCES_APPS]
+def check_builtin_resources(resources: Sequence[str]) -> None:
+    """ConfigError for a built-in environment name (env.gym.resources) that does not exist, before any process
+    starts."""
+    unknown = [name for name in resources if name not in RESOURCES_APPS]
     if unknown:
         known = sorted(RESOURCES_APPS)
         raise ConfigError([f"env.gym.resources: unknown built-in environment {unknown[0]!r}; expected one of {known}"])

@@ -210,12 +210,6 @@ class Run:
                 group.kill()
 
 
-def _token_id(value: object, name: str, tokenizer_path: Path) -> int:
-    if not isinstance(value, int):
-        raise ValueError(f"the tokenizer at {tokenizer_path} has {name}={value!r}; generation needs one token id")
-    return value
-
-
 def _host_options(device: str, num_gpus: float, max_concurrency: int = 1) -> HostOptions:
     # On CPU every host gets one torch thread: in the sync loop only one host computes at a time, and on a
     # shared 2-core machine a second OpenMP thread spin-waits far more than it helps (measured ~10x slower).
@@ -233,10 +227,10 @@ def check_supported(config: RunConfig) -> None:
             else "reward-function rollouts are single-turn; multi-turn rollouts come from the gym"
         )
         raise ConfigError([f"ppo.max_rollout_turns: {config.ppo.max_rollout_turns} is not supported: {where}"])
-    if config.env.should_use_nemo_gym:
+    if config.env.should_use_nemo_gym and config.env.gym.launch == "builtin":
         from asyncppo.cli.gym_setup import check_builtin_resources
 
-        check_builtin_resources(config)
+        check_builtin_resources(config.env.gym.resources)
 
 
 def build_run(config: RunConfig, run_dir: Path) -> Run:
@@ -248,12 +242,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     paths = builders.model_paths(config)
     device = builders.resolve_device(config)
     tokenizer = load_tokenizer(paths.tokenizer)
-    eos_id = _token_id(tokenizer.eos_token_id, "eos_token_id", paths.tokenizer)
-    stop_ids: list[int] = list(config.generation.stop_token_ids or [])
-    eos: tuple[int, ...] = tuple(sorted({eos_id, *stop_ids}))
-    pad = (
-        eos_id if tokenizer.pad_token_id is None else _token_id(tokenizer.pad_token_id, "pad_token_id", paths.tokenizer)
-    )
+    eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
     engine = builders.engine_settings(config, eos, pad)
     colocated = config.generation.colocated.enabled
     num_gpus = config.cluster.gpus_per_node or None

@@ -7,6 +7,8 @@ Called by GeneratorEndpoint / PolicyEndpoint (colocated) `serve_http`, in the ho
 
 from dataclasses import dataclass
 
+from transformers import PreTrainedTokenizerBase
+
 from asyncppo.generation.protocol import Generator
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.models.tokenizer import load_tokenizer
@@ -30,11 +32,17 @@ class PolicyServerSettings:
     """0 = a free port; otherwise host rank i listens on port + i."""
 
 
-def start_policy_server(generator: Generator, settings: PolicyServerSettings, rank: int) -> PolicyServer:
-    """Serve `generator` on 127.0.0.1; returns once /health answers."""
+def start_policy_server(
+    generator: Generator,
+    settings: PolicyServerSettings,
+    rank: int,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> PolicyServer:
+    """Serve `generator` on 127.0.0.1 (the tokenizer at settings.tokenizer_path unless given); returns once
+    /health answers. OSError when the port cannot be bound."""
     app = create_policy_app(
         generator,
-        load_tokenizer(settings.tokenizer_path),
+        tokenizer if tokenizer is not None else load_tokenizer(settings.tokenizer_path),
         model_name=settings.model_name,
         train_sampling=settings.train_sampling,
         validation_sampling=settings.validation_sampling,
