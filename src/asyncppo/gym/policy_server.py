@@ -35,6 +35,7 @@ from asyncppo.gym.protocol import (
     Choice,
     RequestMessage,
     ResponseMessage,
+    SamplingKnobs,
     TokenizeRequest,
     TokenizeResponse,
     Usage,
@@ -70,9 +71,7 @@ def _error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": error_type, "code": status}}, status_code=status)
 
 
-def check_sampling(
-    request: ChatCompletionRequest | ResponsesRequest, train: SamplingProfile, validation: SamplingProfile
-) -> None:
+def check_sampling(request: SamplingKnobs, train: SamplingProfile, validation: SamplingProfile) -> None:
     """RequestError(400) unless the request samples exactly as the train or the validation profile does.
 
     Agents issue their own requests, so this is the one place that keeps sampling on-policy (4.2 item 5).

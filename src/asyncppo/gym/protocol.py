@@ -97,26 +97,17 @@ class RequestMessage(TokenFields):
         return self
 
 
-class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions body. Sampling values are checked by the server, not here, so that a wrong
-    profile gets the 400 body of gym-protocol.md 2.5 instead of a 422."""
+class SamplingKnobs(BaseModel):
+    """Sampling fields of both request kinds. The server checks them (`check_sampling`), not the model, so a
+    wrong profile gets the 400 body of gym-protocol.md 2.5 instead of a 422; the off-policy ones are declared
+    only so that they can be rejected (see OFF_POLICY_KNOBS)."""
 
     model_config = ConfigDict(extra="ignore")
-    model: str
-    messages: list[RequestMessage] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     """Must be unset or -1: the profile fixes the sampling distribution."""
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    """The newer OpenAI name of max_tokens; the smaller of the two wins when both are set."""
-    logprobs: bool = False
     top_logprobs: int | None = None
-    return_tokens_as_token_ids: bool = False
-    required_prefix_token_ids: list[int] | None = None
-    """Exact tokens the prompt must start with; by default the last token-carrying message's prompt + generation."""
     n: int = 1
     stream: bool = False
     stop: str | list[str] | None = None
@@ -125,6 +116,21 @@ class ChatCompletionRequest(BaseModel):
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
+
+
+class ChatCompletionRequest(SamplingKnobs):
+    """POST /v1/chat/completions body."""
+
+    model: str
+    messages: list[RequestMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    """The newer OpenAI name of max_tokens; the smaller of the two wins when both are set."""
+    logprobs: bool = False
+    return_tokens_as_token_ids: bool = False
+    required_prefix_token_ids: list[int] | None = None
+    """Exact tokens the prompt must start with; by default the last token-carrying message's prompt + generation."""
 
 
 class ResponseMessage(TokenFields):

@@ -33,7 +33,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from asyncppo.gym.protocol import Choice, FunctionCall, RequestMessage, ResponseMessage, TokenFields, ToolCall
+from asyncppo.gym.protocol import (
+    Choice,
+    FunctionCall,
+    RequestMessage,
+    ResponseMessage,
+    SamplingKnobs,
+    TokenFields,
+    ToolCall,
+)
 
 TEXT_PART_TYPES = ("input_text", "output_text")
 
@@ -130,10 +138,10 @@ InputItem = Annotated[
 ]
 
 
-class ResponsesRequest(BaseModel):
-    """POST /v1/responses body (Responses create params); unknown fields: module docstring."""
+class ResponsesRequest(SamplingKnobs):
+    """POST /v1/responses body (Responses create params); unknown fields: module docstring. The sampling fields
+    come from SamplingKnobs; top_k, stop and the penalties are not Responses parameters and are rejected."""
 
-    model_config = ConfigDict(extra="ignore")
     input: str | list[InputItem]
     model: str | None = None
     """When set, it must be the served model's name."""
@@ -143,26 +151,13 @@ class ResponsesRequest(BaseModel):
     """Responses-style function tools `{type: "function", name, description, parameters, strict}`."""
     tool_choice: str | dict[str, Any] = "auto"
     parallel_tool_calls: bool = True
-    temperature: float | None = None
-    top_p: float | None = None
     max_output_tokens: int | None = None
     metadata: dict[str, str] | None = None
-    top_logprobs: int | None = None
-    stream: bool = False
-    n: int = 1
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
     background: bool | None = None
     text: dict[str, Any] | None = None
-    # Not Responses parameters; declared so that `check_sampling` rejects them when a client sends them anyway.
-    top_k: int | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_p: float | None = None
-    logit_bias: dict[str, float] | None = None
 
 
 class OutputText(BaseModel):
