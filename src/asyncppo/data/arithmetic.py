@@ -9,6 +9,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from asyncppo.data.splits import disjoint_splits
+
 # Operands 0..19 give 400 problems whose answers are one or two digit tokens plus eos. The tiny model
 # learns carries over this range in a ~20 s warm-up; at 0..49 the same warm-up stays near 30% greedy accuracy.
 DEFAULT_MAX_OPERAND = 19
@@ -48,19 +50,9 @@ def all_problems(max_operand: int = DEFAULT_MAX_OPERAND) -> list[AdditionProblem
 def make_arithmetic_splits(
     num_validation: int, seed: int, max_operand: int = DEFAULT_MAX_OPERAND, num_train: int | None = None
 ) -> tuple[list[AdditionProblem], list[AdditionProblem]]:
-    """(train, validation): disjoint problems drawn without replacement; the same arguments give the same lists.
-
-    Validation is drawn first, so num_train never changes it; num_train=None takes every other problem.
-    """
+    """(train, validation) addition problems: see splits.disjoint_splits."""
     problems = all_problems(max_operand)
-    num_train = len(problems) - num_validation if num_train is None else num_train
-    if num_train < 1 or num_validation < 0 or num_train + num_validation > len(problems):
-        raise ValueError(
-            f"num_train={num_train} (>= 1) plus num_validation={num_validation} (>= 0) must fit in the "
-            f"{len(problems)} problems with operands 0..{max_operand}"
-        )
-    random.Random(seed).shuffle(problems)
-    return problems[num_validation : num_validation + num_train], problems[:num_validation]
+    return disjoint_splits(problems, num_validation, seed, num_train, f" with operands 0..{max_operand}")
 
 
 def wrong_answer(problem: AdditionProblem, rng: random.Random) -> str:

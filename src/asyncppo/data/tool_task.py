@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from asyncppo.data.splits import disjoint_splits
+
 # a, b in 1..20 and c in 2..9: 3200 problems, sums of one or two digits and products of one to three.
 DEFAULT_MAX_ADDEND = 20
 DEFAULT_MIN_MULTIPLIER = 2
@@ -86,19 +88,9 @@ def make_tool_task_splits(
     max_multiplier: int = DEFAULT_MAX_MULTIPLIER,
     num_train: int | None = None,
 ) -> tuple[list[ChainProblem], list[ChainProblem]]:
-    """(train, validation): disjoint problems drawn without replacement; the same arguments give the same lists.
-
-    Validation is drawn first, so num_train never changes it; num_train=None takes every other problem.
-    """
+    """(train, validation) chain problems: see splits.disjoint_splits."""
     problems = all_problems(max_addend, min_multiplier, max_multiplier)
-    num_train = len(problems) - num_validation if num_train is None else num_train
-    if num_train < 1 or num_validation < 0 or num_train + num_validation > len(problems):
-        raise ValueError(
-            f"num_train={num_train} (>= 1) plus num_validation={num_validation} (>= 0) must fit in the "
-            f"{len(problems)} problems"
-        )
-    random.Random(seed).shuffle(problems)
-    return problems[num_validation : num_validation + num_train], problems[:num_validation]
+    return disjoint_splits(problems, num_validation, seed, num_train, "")
 
 
 def tool_output(result: int) -> str:
