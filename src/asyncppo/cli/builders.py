@@ -19,11 +19,12 @@ from asyncppo.algorithms.value_loss import ValueLossSettings
 from asyncppo.cli.ppo_step import RewardScaling, RewardShaping, StepSettings
 from asyncppo.config import ConfigError, RunConfig
 from asyncppo.config.models import TrainedModelConfig
+from asyncppo.generation.engines import EngineSettings
 from asyncppo.generation.protocol import SamplingParams
 from asyncppo.models.demo_policy import ensure_arithmetic_policy
 from asyncppo.models.demo_tool_policy import ensure_tool_policy
 from asyncppo.models.tiny import PRESETS, ensure_tiny
-from asyncppo.workers.endpoints import EngineSettings, GeneratorEndpoint, PolicyEndpoint, ValueEndpoint
+from asyncppo.workers.endpoints import GeneratorEndpoint, PolicyEndpoint, ValueEndpoint
 from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.remote import SyncSettings
@@ -202,6 +203,7 @@ def train_sampling(config: RunConfig, stop_token_ids: tuple[int, ...]) -> Sampli
         top_k=gen.top_k,
         max_new_tokens=gen.max_new_tokens,
         stop_token_ids=stop_token_ids,
+        ignore_eos=gen.ignore_eos,
     )
 
 
@@ -257,12 +259,18 @@ def end_and_pad_ids(
 
 
 def engine_settings(config: RunConfig, eos_token_ids: tuple[int, ...], pad_token_id: int) -> EngineSettings:
+    generation = config.generation
     return EngineSettings(
-        max_batch_size=config.generation.max_batch_size,
+        max_batch_size=generation.max_batch_size,
         max_context_length=config.model.max_total_sequence_length,
         seed=config.ppo.seed,
         eos_token_ids=eos_token_ids,
         pad_token_id=pad_token_id,
+        backend=generation.backend,
+        gpu_memory_utilization=generation.gpu_memory_utilization,
+        kv_cache_tokens=generation.kv_cache_tokens,
+        prefix_cache=generation.enable_prefix_caching,
+        recompute_kv_after_weight_update=config.ppo.async_ppo.recompute_kv_cache_after_weight_updates,
     )
 
 

@@ -3,7 +3,7 @@
 For trying a model, an environment or a client by hand with the trainer's own servers; nothing is trained.
 Called by `cli/main.py`; reads the run config's model, generation, env.gym and cluster.device sections:
 
-    load_policy --> HFGenerator --> PolicyServer 127.0.0.1:env.gym.policy_server_port
+    load_policy --> engine (generation.backend) --> PolicyServer 127.0.0.1:env.gym.policy_server_port
                                       (POST /v1/chat/completions, POST /v1/responses, POST /tokenize)
     launch_builtin_gym(policy URL) --> head server, <env>_simple_agent (POST /run), <env> resources servers
     print one line per server, then `ready` --> SIGINT / SIGTERM --> stop gym, policy server, engine; exit 0
@@ -21,7 +21,7 @@ from types import FrameType
 from asyncppo.cli import builders
 from asyncppo.cli.gym_setup import check_builtin_resources, policy_server_settings, sampling_profiles
 from asyncppo.config import ConfigError, RunConfig, load_config
-from asyncppo.generation.hf_generator import HFGenerator
+from asyncppo.generation.engines import build_engine
 from asyncppo.gym.policy_server import PolicyServer
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.policy import load_policy
@@ -78,15 +78,7 @@ def _start_policy_server(config: RunConfig, running: contextlib.ExitStack) -> Po
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
     engine = builders.engine_settings(config, eos, pad)
     policy = load_policy(paths.policy, dtype=builders.DTYPES[config.model.precision], device=device)
-    generator = HFGenerator(
-        policy,
-        engine.eos_token_ids,
-        engine.pad_token_id,
-        engine.max_batch_size,
-        device,
-        seed=engine.seed,
-        max_context_length=engine.max_context_length,
-    )
+    generator = build_engine(policy, engine)
     running.callback(generator.close)
     settings = policy_server_settings(config, str(paths.tokenizer))
     try:

@@ -4,6 +4,7 @@
     asyncppo config keys [PREFIX]                 list every config key with its meaning
     asyncppo train CONFIG [key=value ...]         train (see cli/train.py)
     asyncppo gym serve CONFIG [key=value ...]     serve the policy and the built-in gym (see cli/gym_serve.py)
+    asyncppo bench generate CONFIG [key=value ...]  time generation alone (see cli/bench_generate.py)
 
 User mistakes (config errors) print one line each and exit with status 2, never a traceback.
 """
@@ -75,6 +76,16 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("config", help="YAML run config (the one `asyncppo train` takes)")
     serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. env.gym.max_steps=4")
+
+    bench = commands.add_parser("bench", help="benchmarks")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="SUBCOMMAND")
+    generate = bench_commands.add_parser(
+        "generate",
+        help="time generation alone (tok/s, ms per decode step against the memory floor), one row per case",
+    )
+    from asyncppo.cli.bench_generate import add_arguments
+
+    add_arguments(generate)
     return parser
 
 
@@ -102,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from asyncppo.cli.gym_serve import run_gym_serve_command
 
             return run_gym_serve_command(args)
+        if args.command == "bench":
+            from asyncppo.cli.bench_generate import run_bench_generate_command
+
+            return run_bench_generate_command(args)
     except ConfigError as error:
         for line in error.lines:
             print(f"error: {line}", file=sys.stderr)

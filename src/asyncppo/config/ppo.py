@@ -118,7 +118,9 @@ class AsyncPPOConfig(Section):
     in_flight_weight_updates: bool = False
     """Push new weights while rollouts are running (a trajectory may span versions) instead of draining first."""
     recompute_kv_cache_after_weight_updates: bool = False
-    """Drop the generators' KV cache after a weight update so in-flight requests recompute it with new weights."""
+    """With in-flight weight updates on the graph backend: after new weights, running rows recompute the KV of
+    their prompt and tokens so far before continuing (otherwise they continue on the KV of the old weights).
+    Cached prefixes are dropped on every update either way. The hf backend never runs a row across an update."""
     drop_incomplete_targets_on_restore: bool = True
     """On resume, regenerate partially collected target steps from scratch (true) instead of gap-filling them,
     which would bias the batch toward short, fast rollouts."""

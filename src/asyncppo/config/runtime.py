@@ -50,8 +50,10 @@ class WeightSyncConfig(Section):
 class GenerationConfig(Section):
     """Sampling and the generation engine."""
 
-    backend: Literal["hf"] = "hf"
-    """Generation engine: `hf` (transformers; CPU and GPU)."""
+    backend: Literal["auto", "hf", "graph"] = "auto"
+    """Generation engine: `graph` (continuous batching over a preallocated KV cache, CUDA-graphed decode; Llama,
+    Qwen2/2.5/3 and Mistral models; runs eagerly on CPU too), `hf` (transformers; any causal LM, the reference),
+    `auto` = graph on CUDA for a supported model, else hf."""
     max_new_tokens: PositiveInt = 256
     """Most tokens generated per model call."""
     temperature: float = Field(default=1.0, gt=0)
@@ -68,6 +70,17 @@ class GenerationConfig(Section):
     """Extra token ids that end a generation (EOS always does)."""
     max_batch_size: PositiveInt = 64
     """Most requests decoded together by the batching loop."""
+    ignore_eos: bool = False
+    """Generate exactly max_new_tokens per rollout (EOS and stop ids do not end it); for benchmarks."""
+    gpu_memory_utilization: float = Field(default=0.6, gt=0, le=1)
+    """graph backend on CUDA: share of the GPU's memory the generating process may fill, KV cache included."""
+    kv_cache_tokens: PositiveInt | None = None
+    """graph backend: KV cache size in tokens (slots of max_total_sequence_length); null = sized from
+    gpu_memory_utilization on CUDA (at most 2 x max_batch_size slots), 2 x max_batch_size slots on CPU."""
+    enable_prefix_caching: bool = True
+    """graph backend: a prompt that starts with the tokens of a finished request whose KV is still resident
+    (a multi-turn conversation's history) reuses that KV instead of recomputing it; never across weight
+    versions."""
     num_workers: PositiveInt = 1
     """Generator workers when not colocated."""
     colocated: ColocationConfig = ColocationConfig()

@@ -71,7 +71,9 @@ def decode_batch(
     prompts = [request.prompt_token_ids for request in requests]
     budgets = [min(r.sampling.max_new_tokens, max_context_length - len(r.prompt_token_ids)) for r in requests]
     assert min(len(prompt) for prompt in prompts) >= 1 and min(budgets) >= 1, "the engine validates requests"
-    stop_sets = [eos_token_ids | frozenset(r.sampling.stop_token_ids) for r in requests]
+    stop_sets = [
+        frozenset() if r.sampling.ignore_eos else eos_token_ids | frozenset(r.sampling.stop_token_ids) for r in requests
+    ]
     results = [DecodedSequence() for _ in requests]
 
     input_ids, attention_mask = left_pad(prompts, pad_token_id, device)

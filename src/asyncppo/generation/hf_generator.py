@@ -19,10 +19,13 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
+from torch.nn.attention import sdpa_kernel
 from transformers import PreTrainedModel
 
 from asyncppo.generation.hf_decoding import decode_batch
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult, GeneratorClosedError
+from asyncppo.generation.weight_loading import copy_named_tensors, request_problem
+from asyncppo.models.backbone import TRAINING_ATTENTION_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -49,27 +52,6 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
     finally:
         for module, training in modes:
             module.training = training
-
-
-def check_named_tensors(model: nn.Module, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
-    """ValueError unless `named_tensors` covers every parameter of `model` exactly once, with matching shapes.
-
-    Tied parameters (e.g. lm_head.weight and embed_tokens.weight) may come under either name or both.
-    """
-    parameters = dict(model.named_parameters(remove_duplicate=False))
-    names = [name for name, _ in named_tensors]
-    if duplicates := sorted({name for name in names if names.count(name) > 1}):
-        raise ValueError(f"load_weights: parameters sent more than once: {duplicates[:5]}")
-    if extra := [name for name in names if name not in parameters]:
-        raise ValueError(f"load_weights: {extra[:5]} are not parameters of {type(model).__name__}")
-    for name, tensor in named_tensors:
-        if tuple(tensor.shape) != tuple(parameters[name].shape):
-            raise ValueError(
-                f"load_weights: {name} has shape {tuple(tensor.shape)}, the model's is {tuple(parameters[name].shape)}"
-            )
-    covered = {id(parameters[name]) for name in names}
-    if missing := [name for name, parameter in model.named_parameters() if id(parameter) not in covered]:
-        raise ValueError(f"load_weights: missing parameters {missing[:5]} ({len(missing)} in all)")
 
 
 class HFGenerator:
@@ -149,7 +131,7 @@ class HFGenerator:
         accepted: list[tuple[GenerationRequest, Future[GenerationResult]]] = []
         for request in requests:
             futures.append(Future())
-            if problem := self._find_problem(request):
+            if problem := request_problem(request, self._max_context_length, self._vocab_size):
                 futures[-1].set_exception(ValueError(problem))
             else:
                 accepted.append((request, futures[-1]))
@@ -188,11 +170,7 @@ class HFGenerator:
         """
         received = list(named_tensors)
         with self._model_lock:
-            check_named_tensors(self._model, received)
-            parameters = dict(self._model.named_parameters(remove_duplicate=False))
-            with torch.no_grad():
-                for name, tensor in received:
-                    parameters[name].copy_(tensor)
+            copy_named_tensors(self._model, received)
             self._policy_version = version
 
     def set_policy_version(self, version: int) -> None:
@@ -218,19 +196,6 @@ class HFGenerator:
                 future.set_exception(GeneratorClosedError("HFGenerator was closed before this request ran"))
         if threading.current_thread() is not self._thread:
             self._thread.join()
-
-    def _find_problem(self, request: GenerationRequest) -> str | None:
-        prompt = request.prompt_token_ids
-        if not prompt:
-            return "the prompt is empty: a request needs at least one prompt token"
-        if len(prompt) >= self._max_context_length:
-            return (
-                f"the prompt has {len(prompt)} tokens, which leaves no room to generate under "
-                f"max_context_length={self._max_context_length}"
-            )
-        if bad := [token for token in prompt if not 0 <= token < self._vocab_size]:
-            return f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self._vocab_size})"
-        return None
 
     def _serve(self) -> None:
         try:
@@ -270,7 +235,14 @@ class HFGenerator:
     def _run_batch(self, batch: list[tuple[GenerationRequest, "Future[GenerationResult]"]]) -> None:
         start = time.perf_counter()
         try:
-            with self._model_lock, _eval_mode(self._model), torch.inference_mode():
+            # Attention kernels chosen explicitly, as the trainer does (see models.backbone): never cuDNN's per-shape
+            # graph builds, which every new padding mask or batch size would trigger.
+            with (
+                self._model_lock,
+                _eval_mode(self._model),
+                torch.inference_mode(),
+                sdpa_kernel(TRAINING_ATTENTION_BACKENDS, set_priority=True),
+            ):
                 version = self._policy_version
                 decoded = decode_batch(
                     self._model,

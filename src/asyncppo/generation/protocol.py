@@ -31,6 +31,12 @@ class SamplingParams:
     """Token ids that end the generation (the engine's EOS ids always do); the stop token is kept."""
     greedy: bool = False
     """Take the argmax instead of sampling (validation at temperature 0); logprobs use temperature 1."""
+    ignore_eos: bool = False
+    """Generate exactly max_new_tokens (or up to the context limit): neither EOS nor stop ids end the request.
+    For benchmarks of fixed lengths."""
+    seed: int | None = None
+    """The request's own sampling seed (graph engine): its tokens then do not depend on which other requests
+    share its batches. None = the engine derives one from its seed and the request's submission order."""
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:

@@ -6,7 +6,11 @@ per position). Letters: B batch, S sequence, H hidden size.
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedModel
+
+TRAINING_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""Attention kernels the trainer's forward and backward may use, in priority order (never cuDNN)."""
 
 
 def get_backbone(model: PreTrainedModel) -> nn.Module:
@@ -34,10 +38,14 @@ def last_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor, attentio
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, S]"
         )
-    outputs = get_backbone(model)(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    )
+    # The attention kernels are chosen here, not by SDPA: on Hopper it would pick cuDNN attention, which builds a
+    # new graph (~40 ms) for every new batch shape, so every new training or scoring shape would stall. Flash
+    # runs unmasked (causal) batches, the memory-efficient kernel padded ones, math only where neither applies.
+    with sdpa_kernel(TRAINING_ATTENTION_BACKENDS, set_priority=True):
+        outputs = get_backbone(model)(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        )
     return outputs.last_hidden_state

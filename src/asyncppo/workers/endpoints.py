@@ -5,12 +5,11 @@ Plain classes, built inside the host process by a factory (`functools.partial(En
 also usable in-process. The driver reaches them through `workers/remote.py`.
 
     PolicyEndpoint (rank 0)  --push(version)--> sync group --receive(version)--> GeneratorEndpoint (ranks 1..N)
-      colocated: HFGenerator(policy.model)      (no copy; only the version moves)
+      colocated: the engine over policy.model (hf reads it in place; graph copies it on set_policy_version)
 """
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,7 +24,7 @@ from asyncppo.distributed.weight_sync import (
     param_specs,
     weights_checksum,
 )
-from asyncppo.generation.hf_generator import HFGenerator
+from asyncppo.generation.engines import EngineSettings, build_engine
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.models.policy import load_policy
 from asyncppo.rollout.batch import TrainBatch
@@ -37,37 +36,13 @@ if TYPE_CHECKING:  # the HTTP stack (fastapi, uvicorn) is imported only by runs 
     from asyncppo.workers.policy_http import PolicyServerSettings
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """How a generation engine is built (plain values from the `generation` config section)."""
-
-    max_batch_size: int
-    max_context_length: int
-    seed: int
-    eos_token_ids: tuple[int, ...]
-    pad_token_id: int
-
-
-def _engine(model: torch.nn.Module, settings: EngineSettings, rank: int) -> HFGenerator:
-    return HFGenerator(
-        model,  # pyright: ignore[reportArgumentType]  # any causal LM module works; typed as PreTrainedModel
-        eos_token_ids=settings.eos_token_ids,
-        pad_token_id=settings.pad_token_id,
-        max_batch_size=settings.max_batch_size,
-        device=next(model.parameters()).device,
-        # Different generator ranks must not draw the same random numbers for the same prompts.
-        seed=settings.seed + 1000 * rank,
-        max_context_length=settings.max_context_length,
-    )
-
-
 class PolicyEndpoint:
     """The policy trainer of one rank, plus (rank 0) the weight-sync sender and (colocated) the generator."""
 
     def __init__(self, worker: PolicyWorker, colocated_engine: EngineSettings | None, rank: int = 0):
         self.worker = worker
         self.rank = rank
-        self.generator = _engine(worker.model, colocated_engine, rank) if colocated_engine is not None else None
+        self.generator = build_engine(worker.model, colocated_engine, rank) if colocated_engine is not None else None
         self._sender: WeightSender | None = None
         self._server: PolicyServer | None = None
 
@@ -175,7 +150,7 @@ class GeneratorEndpoint:
     def __init__(self, model_path: str, dtype: torch.dtype, device: str, engine: EngineSettings, rank: int):
         self.rank = rank
         self.model = load_policy(model_path, dtype, device)
-        self.generator = _engine(self.model, engine, rank)
+        self.generator = build_engine(self.model, engine, rank)
         self._receiver: WeightReceiver | None = None
         self._specs: list[ParamSpec] = []
         # Serialises weight loads with each other; the engine's own lock keeps them out of running batches.

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# GPU check of the graph generation engine (one H200): its CUDA tests, then `asyncppo bench generate` on a
+# random-weight Qwen2.5-0.5B-shaped model, graph and hf engines side by side. Run from the repo root on the GPU
+# machine with the wheels of `bash ../shared/tools/device-wheels.sh torchdata rich` in .whl/.
+# Writes logs to $OUT (default /tmp/asyncppo-engine).
+set -uo pipefail
+OUT=${OUT:-/tmp/asyncppo-engine}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD/src
+fi
+export ASYNCPPO_CACHE_DIR=/tmp/asyncppo-cache PYTHONUNBUFFERED=1
+# Compiled kernels are cached per machine; the first engine start pays for them (reported as start-up).
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
+model=/tmp/qwen2.5-0.5b-random
+[ -d "$model" ] || python3 scripts/make_random_model.py --shape qwen2.5-0.5b --out "$model" > "$OUT/model.log" 2>&1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  python3 -m pytest -q -m gpu -p no:cacheprovider tests/generation/test_graph_engine_cuda.py -s 2>&1 | tee "$OUT/tests.log" | tail -15
+fi
+python3 -m asyncppo.cli.main bench generate examples/configs/gpu_local_model.yaml model.model_name="$model" \
+  cluster.gpus_per_node=1 --batch-sizes "${BATCHES:-256,64}" --prompt-tokens 256 --new-tokens 512 \
+  --variable-new-tokens "${VARIABLE:-1024}" --backends "${BACKENDS:-graph,hf}" 2>&1 | tee "$OUT/bench.log" | grep -v Loading

@@ -1,0 +1,88 @@
+"""Where a graph-engine decode step spends its time, on the GPU: whole-step replay, its parts, kernel table.
+
+    python3 scripts/profile_decode.py --model /tmp/qwen2.5-0.5b-random --batch 256 --window 768
+
+Prints: ms per replay of the captured step at (batch, window); the same step's pieces timed alone (layers
+only, lm head, sampler); a prefill step of N rows x P tokens; the profiler's top kernels of 5 replays.
+"""
+
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from asyncppo.generation.decoder_forward import output_logits
+from asyncppo.generation.graph_engine import GraphEngine, GraphEngineSettings
+from asyncppo.generation.graph_runner import PrefillChunk
+from asyncppo.generation.graph_sampling import sample_tokens
+from asyncppo.models.policy import load_policy
+
+
+def timed(function, repeats: int = 50) -> float:
+    """Median ms of `function` over `repeats` calls, timed with CUDA events after 3 warm-up calls."""
+    for _ in range(3):
+        function()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--window", type=int, default=768)
+    parser.add_argument("--prefill-rows", type=int, default=16)
+    parser.add_argument("--prefill-tokens", type=int, default=256)
+    args = parser.parse_args()
+    model = load_policy(args.model, dtype=torch.bfloat16, device="cuda")
+    with torch.inference_mode():
+        engine = GraphEngine(
+            model, GraphEngineSettings(max_batch_size=args.batch, max_context_length=args.window, eos_token_ids=(0,), seed=0)
+        )
+        runner = engine.runner
+        rows, window = args.batch, args.window
+        print(f"graphs {len(runner._graphs)}, compile {runner.compile_seconds:.1f} s, capture {runner.capture_seconds:.1f} s")
+        step = timed(lambda: runner._graphs[(rows, window)].replay())
+        step_host = timed(lambda: runner.decode(rows, window, False))
+        print(f"decode step replay: {step:.3f} ms; with the finished-flag read-back: {step_host:.3f} ms")
+        for w in runner.windows:
+            print(f"  window {w}: {timed(lambda w=w: runner._graphs[(rows, w)].replay()):.3f} ms")
+        for b in runner.settings.decode_buckets:
+            print(f"  batch {b} window {window}: {timed(lambda b=b: runner._graphs[(b, window)].replay()):.3f} ms")
+        hidden = torch.randn(rows, runner.weights.shape.hidden_size, device="cuda", dtype=torch.bfloat16)
+        logits = output_logits(hidden, runner.weights)
+        print(f"lm head alone (eager): {timed(lambda: output_logits(hidden, runner.weights)):.3f} ms")
+        temperature = torch.ones(rows, device="cuda")
+        top_k = torch.zeros(rows, dtype=torch.long, device="cuda")
+        seeds = torch.arange(rows, device="cuda")
+        greedy = torch.zeros(rows, dtype=torch.bool, device="cuda")
+        compiled = torch.compile(sample_tokens, dynamic=True)
+
+        def sampler() -> None:
+            compiled(logits, temperature, temperature, top_k, greedy, seeds, seeds, filtered=False)
+
+        print(f"sampler alone (compiled, no graph): {timed(sampler):.3f} ms")
+        chunks = [
+            PrefillChunk(slot=i, token_ids=tuple(range(100, 100 + args.prefill_tokens)), start=0, sample=True)
+            for i in range(args.prefill_rows)
+        ]
+        print(f"prefill {args.prefill_rows} x {args.prefill_tokens}: {timed(lambda: runner.prefill(chunks), 10):.2f} ms")
+        one = chunks[:1]
+        print(f"prefill 1 x {args.prefill_tokens}: {timed(lambda: runner.prefill(one), 10):.2f} ms")
+        graph = runner._graphs[(rows, window)]
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                graph.replay()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=90))
+
+
+if __name__ == "__main__":
+    main()

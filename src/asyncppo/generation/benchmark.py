@@ -1,0 +1,159 @@
+"""Generation-only benchmark: drive an engine with synthetic requests and measure it against the memory floor.
+
+Called by `asyncppo bench generate` (`cli/bench_generate.py`). One case = one engine build (its compile and
+graph capture timed), one untimed warm-up wave, then one timed wave:
+
+    fixed     B requests of P random prompt tokens, each generating exactly N tokens (ignore_eos)
+    variable  4 B requests, max_new_tokens drawn uniformly from 16..N: continuous batching must refill slots
+
+Figures: tok/s over the wave's wall time (prefill included), steady tok/s and ms per decode step from the
+engine's decode counters (graph engine) or wall time over tokens (hf), and the floor of one decode step:
+the bytes it must read (weights once + the KV of every live row at the mean context length) over the
+measured device copy bandwidth.
+"""
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from asyncppo.generation.engines import Engine
+from asyncppo.generation.graph_generator import GraphGenerator
+from asyncppo.generation.protocol import GenerationRequest, SamplingParams
+
+CaseKind = Literal["fixed", "variable"]
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    backend: str
+    kind: CaseKind
+    batch_size: int
+    prompt_tokens: int
+    new_tokens: int
+    """Exactly this many per request (fixed), or the upper end of the drawn range (variable)."""
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    case: BenchCase
+    num_requests: int
+    generated_tokens: int
+    wall_seconds: float
+    tokens_per_second: float
+    """Generated tokens over the wave's wall time, prefill included."""
+    steady_tokens_per_second: float
+    ms_per_decode_step: float
+    floor_ms_per_step: float
+    peak_memory_gib: float
+    startup_seconds: float
+    """Engine build: weight copies, KV allocation, compile and graph capture (graph backend)."""
+    mean_decode_rows: float
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a large device-to-device copy (read + write counted), median of 5."""
+    size = 1 << 28 if device.type == "cuda" else 1 << 26
+    source = torch.randn(size // 4, device=device)
+    target = torch.empty_like(source)
+    timings = []
+    for _ in range(6):
+        _synchronize(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        _synchronize(device)
+        timings.append(time.perf_counter() - start)
+    return 2 * size / sorted(timings[1:])[2]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def case_requests(case: BenchCase, vocab_size: int, seed: int) -> list[GenerationRequest]:
+    """The case's synthetic requests (random prompt ids below min(vocab, 32000), fixed or drawn lengths)."""
+    draw = random.Random(seed)
+    count = case.batch_size if case.kind == "fixed" else 4 * case.batch_size
+    requests = []
+    for _ in range(count):
+        prompt = tuple(draw.randrange(min(vocab_size, 32000)) for _ in range(case.prompt_tokens))
+        new = case.new_tokens if case.kind == "fixed" else draw.randint(16, case.new_tokens)
+        requests.append(GenerationRequest(prompt, SamplingParams(max_new_tokens=new, ignore_eos=True)))
+    return requests
+
+
+def run_case(
+    case: BenchCase,
+    build: Callable[[], Engine],
+    vocab_size: int,
+    weight_bytes: int,
+    kv_bytes_per_token: int,
+    bandwidth: float,
+) -> BenchRow:
+    """Build the engine, warm it up with one wave, time a second wave; the engine is closed afterwards."""
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    engine = build()
+    startup = time.perf_counter() - start
+    try:
+        engine.generate(case_requests(case, vocab_size, seed=1))
+        before = engine.stats() if isinstance(engine, GraphGenerator) else None
+        requests = case_requests(case, vocab_size, seed=2)
+        _synchronize(device)
+        start = time.perf_counter()
+        results = engine.generate(requests)
+        _synchronize(device)
+        wall = time.perf_counter() - start
+        generated = sum(len(result.token_ids) for result in results)
+        mean_context = case.prompt_tokens + sum(len(r.token_ids) for r in results) / (2 * len(results))
+        if isinstance(engine, GraphGenerator) and before is not None:
+            after = engine.stats()
+            steps = after.decode_steps - before.decode_steps
+            seconds = after.decode_seconds - before.decode_seconds
+            decode_rows = (after.decode_rows - before.decode_rows) / max(steps, 1)
+            step_ms = 1000 * seconds / max(steps, 1)
+            steady = (after.decode_rows - before.decode_rows) / max(seconds, 1e-9)
+        else:  # the hf engine decodes each wave as one batch: every step advances all rows still running
+            decode_rows = generated / max(max(len(r.token_ids) for r in results), 1)
+            step_ms = 1000 * wall / max(max(len(r.token_ids) for r in results), 1)
+            steady = generated / wall
+        floor_bytes = weight_bytes + decode_rows * mean_context * kv_bytes_per_token
+    finally:
+        engine.close()
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    return BenchRow(
+        case=case,
+        num_requests=len(requests),
+        generated_tokens=generated,
+        wall_seconds=wall,
+        tokens_per_second=generated / wall,
+        steady_tokens_per_second=steady,
+        ms_per_decode_step=step_ms,
+        floor_ms_per_step=1000 * floor_bytes / bandwidth,
+        peak_memory_gib=peak,
+        startup_seconds=startup,
+        mean_decode_rows=decode_rows,
+    )
+
+
+HEADER = (
+    "| backend | case | batch | prompt | new | tok/s (incl. prefill) | tok/s steady | ms/step | floor ms/step "
+    "| x floor | mean rows | peak GiB | start-up s |"
+)
+
+
+def format_row(row: BenchRow) -> str:
+    case = row.case
+    new = f"{case.new_tokens}" if case.kind == "fixed" else f"16..{case.new_tokens}"
+    return (
+        f"| {case.backend} | {case.kind} | {case.batch_size} | {case.prompt_tokens} | {new} "
+        f"| {row.tokens_per_second:,.0f} | {row.steady_tokens_per_second:,.0f} | {row.ms_per_decode_step:.2f} "
+        f"| {row.floor_ms_per_step:.2f} | {row.ms_per_decode_step / row.floor_ms_per_step:.1f} "
+        f"| {row.mean_decode_rows:.0f} | {row.peak_memory_gib:.1f} | {row.startup_seconds:.1f} |"
+    )

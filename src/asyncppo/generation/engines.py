@@ -1,0 +1,81 @@
+"""Choosing and building a generation engine: `hf` (any causal LM, the reference) or `graph` (the fast one).
+
+Called by the workers (colocated and separate generators), `asyncppo gym serve` and `asyncppo bench generate`
+with one EngineSettings built from the `generation` config section.
+
+    backend auto  --CUDA and a supported family-->  graph      (else hf, with a warning saying why)
+    backend graph --unsupported family-->           error naming `generation.backend: hf`
+"""
+
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+from transformers import PreTrainedModel
+
+from asyncppo.generation.decoder_weights import UnsupportedModelError, decoder_shape
+from asyncppo.generation.graph_engine import GraphEngineSettings
+from asyncppo.generation.graph_generator import GraphGenerator
+from asyncppo.generation.hf_generator import HFGenerator
+
+Backend = Literal["auto", "hf", "graph"]
+Engine = HFGenerator | GraphGenerator
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a generation engine is built (plain values from the `generation` config section)."""
+
+    max_batch_size: int
+    max_context_length: int
+    seed: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    backend: Backend = "auto"
+    gpu_memory_utilization: float = 0.6
+    kv_cache_tokens: int | None = None
+    prefix_cache: bool = True
+    recompute_kv_after_weight_update: bool = False
+
+
+def resolve_backend(model: PreTrainedModel, requested: Backend) -> Literal["hf", "graph"]:
+    """The backend `requested` means for `model`: auto picks graph on CUDA when the family is supported."""
+    if requested != "auto":
+        return requested
+    if next(model.parameters()).device.type != "cuda":
+        return "hf"
+    try:
+        decoder_shape(model)
+    except UnsupportedModelError as error:
+        warnings.warn(f"generation.backend=auto falls back to hf: {error}", stacklevel=2)
+        return "hf"
+    return "graph"
+
+
+def build_engine(model: PreTrainedModel, settings: EngineSettings, rank: int = 0) -> Engine:
+    """A started engine over `model` (already on its device). Rank r samples from seed + 1000 r, so generator
+    ranks never draw the same random numbers for the same prompts."""
+    seed = settings.seed + 1000 * rank
+    if resolve_backend(model, settings.backend) == "hf":
+        return HFGenerator(
+            model,
+            eos_token_ids=settings.eos_token_ids,
+            pad_token_id=settings.pad_token_id,
+            max_batch_size=settings.max_batch_size,
+            device=next(model.parameters()).device,
+            seed=seed,
+            max_context_length=settings.max_context_length,
+        )
+    return GraphGenerator(
+        model,
+        GraphEngineSettings(
+            max_batch_size=settings.max_batch_size,
+            max_context_length=settings.max_context_length,
+            eos_token_ids=settings.eos_token_ids,
+            seed=seed,
+            kv_cache_tokens=settings.kv_cache_tokens,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            prefix_cache=settings.prefix_cache,
+            recompute_kv_after_weight_update=settings.recompute_kv_after_weight_update,
+        ),
+    )
