@@ -44,11 +44,13 @@ def main() -> None:
     model = load_policy(args.model, dtype=torch.bfloat16, device="cuda")
     with torch.inference_mode():
         engine = GraphEngine(
-            model, GraphEngineSettings(max_batch_size=args.batch, max_context_length=args.window, eos_token_ids=(0,), seed=0)
+            model,
+            GraphEngineSettings(max_batch_size=args.batch, max_context_length=args.window, eos_token_ids=(0,), seed=0),
         )
         runner = engine.runner
         rows, window = args.batch, args.window
-        print(f"graphs {len(runner._graphs)}, compile {runner.compile_seconds:.1f} s, capture {runner.capture_seconds:.1f} s")
+        seconds = f"compile {runner.compile_seconds:.1f} s, capture {runner.capture_seconds:.1f} s"
+        print(f"graphs {len(runner._graphs)}, {seconds}")
         step = timed(lambda: runner._graphs[(rows, window)].replay())
         step_host = timed(lambda: runner.decode(rows, window, False))
         print(f"decode step replay: {step:.3f} ms; with the finished-flag read-back: {step_host:.3f} ms")
@@ -73,7 +75,9 @@ def main() -> None:
             PrefillChunk(slot=i, token_ids=tuple(range(100, 100 + args.prefill_tokens)), start=0, sample=True)
             for i in range(args.prefill_rows)
         ]
-        print(f"prefill {args.prefill_rows} x {args.prefill_tokens}: {timed(lambda: runner.prefill(chunks), 10):.2f} ms")
+        print(
+            f"prefill {args.prefill_rows} x {args.prefill_tokens}: {timed(lambda: runner.prefill(chunks), 10):.2f} ms"
+        )
         one = chunks[:1]
         print(f"prefill 1 x {args.prefill_tokens}: {timed(lambda: runner.prefill(one), 10):.2f} ms")
         graph = runner._graphs[(rows, window)]

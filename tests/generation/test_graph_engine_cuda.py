@@ -88,3 +88,23 @@ def test_bf16_sampled_logprobs_agree_with_the_trainer_recompute() -> None:
     error = float(stats["token_mult_prob_error"])
     print(f"bf16 token_mult_prob_error {error:.5f}")
     assert error <= 1.01
+
+
+@pytest.mark.parametrize("rows", [8, 256])
+def test_triton_decode_attention_equals_the_masked_matmul_up_to_each_rows_length(rows: int) -> None:
+    from asyncppo.generation.decode_attention import split_count, triton_decode_attention
+    from asyncppo.generation.decoder_forward import decode_attention
+
+    torch.manual_seed(rows)
+    heads, kv_heads, dim, positions = 14, 2, 64, 768
+    q = torch.randn(rows, heads, dim, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(rows + 1, kv_heads, positions, dim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    lengths = torch.randint(1, positions + 1, (rows,), device="cuda")
+    lengths[0], lengths[-1] = 1, positions  # the edges: one key, every key
+    splits = split_count(rows, kv_heads, positions)
+    got = triton_decode_attention(q, k_cache, v_cache, lengths, dim**-0.5, splits)
+    mask = torch.arange(positions, device="cuda")[None, :] < lengths[:, None]
+    expected = decode_attention(q.float(), k_cache[:rows].float(), v_cache[:rows].float(), mask, dim**-0.5)
+    error = (got.float() - expected).norm() / expected.norm()
+    assert error < 1e-2, f"relative error {error:.2e}"

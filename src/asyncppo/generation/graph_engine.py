@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from asyncppo.generation.decode_attention import TRITON_AVAILABLE
 from asyncppo.generation.decoder_weights import DecoderWeights, decoder_shape, rotary_inverse_frequencies
 from asyncppo.generation.graph_runner import (
     ActiveRow,
@@ -156,6 +157,7 @@ def _runner_settings(
         window_step=256 if on_cuda else 64,
         use_cuda_graphs=use_graphs,
         compile=on_cuda if settings.compile is None else settings.compile,
+        triton_attention=on_cuda and TRITON_AVAILABLE,
     )
 
 

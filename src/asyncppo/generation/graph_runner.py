@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncppo.generation.decode_attention import split_count, triton_decode_attention
 from asyncppo.generation.decoder_forward import (
     PrefillBatch,
     decode_rest,
@@ -59,9 +60,11 @@ class RunnerSettings:
     decode_buckets: tuple[int, ...]
     """Padded decode batch sizes, ascending; the last is the most rows decoded at once."""
     window_step: int
-    """Key windows are multiples of this (attention reads only up to the longest live row, rounded up)."""
+    """Key windows are multiples of this (the masked matmul reads only up to the longest live row, rounded up)."""
     use_cuda_graphs: bool
     compile: bool
+    triton_attention: bool = False
+    """Decode attention by the Triton kernel (CUDA): each row reads its own keys only, so one window serves all."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,8 @@ class GraphRunner:
     @property
     def windows(self) -> tuple[int, ...]:
         step, top = self.settings.window_step, self.settings.max_positions
+        if self.settings.triton_attention:
+            return (top,)
         return tuple(sorted({min(w, top) for w in range(step, top + step, step)}))
 
     def bucket_for(self, rows: int) -> int:
@@ -178,6 +183,8 @@ class GraphRunner:
         write_positions, lengths = state[:, WRITE_POS], state[:, LENGTH]
         write_slots = torch.where(active, self._row_index[:rows], sink)
         key_mask = torch.arange(window, device=self.device)[None, :] < lengths[:, None]
+        scale = shape.head_dim**-0.5
+        splits = split_count(rows, shape.num_kv_heads, self.settings.max_positions)
         cos, sin = self.cos[write_positions], self.sin[write_positions]
         hidden = weights.embed[state[:, INPUT]]
         for index, layer in enumerate(weights.layers):
@@ -185,9 +192,12 @@ class GraphRunner:
             q = self._qkv(
                 hidden, *qkv_arguments(layer), cos, sin, k_cache, v_cache, write_slots, write_positions, shape
             )
-            keys = self.k_caches[index][:rows, :, :window]
-            values = self.v_caches[index][:rows, :, :window]
-            hidden = self._rest(hidden, q, keys, values, key_mask, *rest_arguments(layer), shape)
+            if self.settings.triton_attention:
+                attended = triton_decode_attention(q, k_cache, v_cache, lengths, scale, splits)
+                hidden = self._output(hidden, attended, *rest_arguments(layer), shape)
+            else:
+                keys, values = k_cache[:rows, :, :window], v_cache[:rows, :, :window]
+                hidden = self._rest(hidden, q, keys, values, key_mask, *rest_arguments(layer), shape)
         logits = output_logits(hidden, weights)
         fstate = self.fstate[:rows]
         tokens, logprobs = self._sample(
