@@ -2,7 +2,7 @@
 # GPU check of the graph generation engine (one H200): its CUDA tests, then `asyncppo bench generate` on a
 # random-weight Qwen2.5-0.5B-shaped model, graph and hf engines side by side. Run from the repo root on the GPU
 # machine with the wheels of `bash ../shared/tools/device-wheels.sh torchdata rich` in .whl/.
-# Writes logs to $OUT (default /tmp/asyncppo-engine).
+# Writes logs to $OUT (default /tmp/asyncppo-engine). PROFILE=1 adds scripts/profile_decode.py at batch 256.
 set -uo pipefail
 OUT=${OUT:-/tmp/asyncppo-engine}
 mkdir -p "$OUT"
@@ -22,3 +22,7 @@ fi
 python3 -m asyncppo.cli.main bench generate examples/configs/gpu_local_model.yaml model.model_name="$model" \
   cluster.gpus_per_node=1 --batch-sizes "${BATCHES:-256,64}" --prompt-tokens 256 --new-tokens 512 \
   --variable-new-tokens "${VARIABLE:-1024}" --backends "${BACKENDS:-graph,hf}" 2>&1 | tee "$OUT/bench.log" | grep -v Loading
+if [ "${PROFILE:-0}" = 1 ]; then
+  python3 scripts/profile_decode.py --model "$model" --batch 256 --window 768 --prefill-rows 32 > "$OUT/profile.log" 2>&1
+  grep -v Loading "$OUT/profile.log" | head -120
+fi

@@ -15,6 +15,7 @@ from asyncppo.generation.decoder_forward import output_logits
 from asyncppo.generation.graph_engine import GraphEngine, GraphEngineSettings
 from asyncppo.generation.graph_runner import PrefillChunk
 from asyncppo.generation.graph_sampling import sample_tokens
+from asyncppo.generation.race_sampling import race_sample_tokens
 from asyncppo.models.policy import load_policy
 
 
@@ -71,6 +72,14 @@ def main() -> None:
             compiled(logits, temperature, temperature, top_k, greedy, seeds, seeds, filtered=False)
 
         print(f"sampler alone (compiled, no graph): {timed(sampler):.3f} ms")
+
+        def race() -> None:
+            race_sample_tokens(logits, temperature, greedy, seeds, seeds)
+
+        print(f"race sampler alone (Triton, no graph): {timed(race):.3f} ms")
+        tokens, _ = race_sample_tokens(logits, temperature, greedy, seeds, seeds)
+        reference, _ = compiled(logits, temperature, temperature, top_k, greedy, seeds, seeds, filtered=False)
+        print(f"race vs compiled sampler: {int((tokens == reference).sum())}/{rows} tokens equal")
         chunks = [
             PrefillChunk(slot=i, token_ids=tuple(range(100, 100 + args.prefill_tokens)), start=0, sample=True)
             for i in range(args.prefill_rows)
@@ -78,8 +87,18 @@ def main() -> None:
         print(
             f"prefill {args.prefill_rows} x {args.prefill_tokens}: {timed(lambda: runner.prefill(chunks), 10):.2f} ms"
         )
-        one = chunks[:1]
-        print(f"prefill 1 x {args.prefill_tokens}: {timed(lambda: runner.prefill(one), 10):.2f} ms")
+        for count in (1, 64):
+            some = [
+                PrefillChunk(slot=i, token_ids=tuple(range(100, 100 + args.prefill_tokens)), start=0, sample=True)
+                for i in range(count)
+            ]
+            print(f"prefill {count} x {args.prefill_tokens}: {timed(lambda s=some: runner.prefill(s), 10):.2f} ms")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                runner.prefill(chunks)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=70))
         graph = runner._graphs[(rows, window)]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):

@@ -123,6 +123,26 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_joining_or_leaving_mid
     assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
 
 
+def test_several_decode_steps_per_host_sync_give_the_same_results_as_one(policy: PreTrainedModel) -> None:
+    # Rows that stop on a stop token inside a group of steps idle to its end; nothing of theirs may change.
+    stops = (20, 21, 22, 23, 24)
+    requests = [
+        GenerationRequest(p, SamplingParams(max_new_tokens=5 + 3 * i, stop_token_ids=stops))
+        for i, p in enumerate(mixed_prompts(16, seed=11))
+    ]
+    outcomes = []
+    for steps_per_sync in (1, 8):
+        engine = GraphEngine(policy, settings(max_batch_size=8, max_decode_steps_per_sync=steps_per_sync))
+        futures: list[Future[GenerationResult]] = [Future() for _ in requests]
+        for request, future in zip(requests, futures, strict=True):
+            engine.add(request, future)
+        outcomes.append(run_until_done(engine, futures))
+    one, grouped = outcomes
+    assert any(r.finish_reason == "stop" for r in one) and any(r.finish_reason == "length" for r in one)
+    assert [(r.token_ids, r.finish_reason) for r in grouped] == [(r.token_ids, r.finish_reason) for r in one]
+    assert [r.logprobs for r in grouped] == [pytest.approx(r.logprobs, abs=1e-5) for r in one]
+
+
 def test_requests_without_a_seed_are_reproducible_after_reseeding(engine: GraphGenerator) -> None:
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=12)) for p in mixed_prompts(6, seed=5)]
     engine.reseed(7)
@@ -147,7 +167,8 @@ def perturbed_copy(policy: PreTrainedModel, tiny_dir: Path) -> PreTrainedModel:
 def test_a_weight_swap_mid_flight_records_first_and_last_versions(tiny_dir: Path, recompute: bool) -> None:
     model = load_policy(tiny_dir)
     new_weights = perturbed_copy(model, tiny_dir)
-    engine = GraphEngine(model, settings(recompute_kv_after_weight_update=recompute))
+    # One decode step per engine step, so the swap lands after exactly 10 tokens.
+    engine = GraphEngine(model, settings(recompute_kv_after_weight_update=recompute, max_decode_steps_per_sync=1))
     prompts = mixed_prompts(4, seed=6)
     futures: list[Future[GenerationResult]] = [Future() for _ in prompts]
     for prompt, future in zip(prompts, futures, strict=True):

@@ -52,6 +52,8 @@ class BenchRow:
     startup_seconds: float
     """Engine build: weight copies, KV allocation, compile and graph capture (graph backend)."""
     mean_decode_rows: float
+    prefill_seconds: float
+    """Time in prefill steps during the timed wave (graph engine; 0 for hf, which does not split it out)."""
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -104,6 +106,7 @@ def run_case(
     try:
         engine.generate(case_requests(case, vocab_size, seed=1))
         before = engine.stats() if isinstance(engine, GraphGenerator) else None
+        prefill_seconds = 0.0
         requests = case_requests(case, vocab_size, seed=2)
         _synchronize(device)
         start = time.perf_counter()
@@ -119,6 +122,7 @@ def run_case(
             decode_rows = (after.decode_rows - before.decode_rows) / max(steps, 1)
             step_ms = 1000 * seconds / max(steps, 1)
             steady = (after.decode_rows - before.decode_rows) / max(seconds, 1e-9)
+            prefill_seconds = after.prefill_seconds - before.prefill_seconds
         else:  # the hf engine decodes each wave as one batch: every step advances all rows still running
             decode_rows = generated / max(max(len(r.token_ids) for r in results), 1)
             step_ms = 1000 * wall / max(max(len(r.token_ids) for r in results), 1)
@@ -139,12 +143,13 @@ def run_case(
         peak_memory_gib=peak,
         startup_seconds=startup,
         mean_decode_rows=decode_rows,
+        prefill_seconds=prefill_seconds,
     )
 
 
 HEADER = (
     "| backend | case | batch | prompt | new | tok/s (incl. prefill) | tok/s steady | ms/step | floor ms/step "
-    "| x floor | mean rows | peak GiB | start-up s |"
+    "| x floor | mean rows | prefill s | peak GiB | start-up s |"
 )
 
 
@@ -155,5 +160,6 @@ def format_row(row: BenchRow) -> str:
         f"| {case.backend} | {case.kind} | {case.batch_size} | {case.prompt_tokens} | {new} "
         f"| {row.tokens_per_second:,.0f} | {row.steady_tokens_per_second:,.0f} | {row.ms_per_decode_step:.2f} "
         f"| {row.floor_ms_per_step:.2f} | {row.ms_per_decode_step / row.floor_ms_per_step:.1f} "
-        f"| {row.mean_decode_rows:.0f} | {row.peak_memory_gib:.1f} | {row.startup_seconds:.1f} |"
+        f"| {row.mean_decode_rows:.0f} | {row.prefill_seconds:.2f} | {row.peak_memory_gib:.1f} "
+        f"| {row.startup_seconds:.1f} |"
     )

@@ -44,17 +44,19 @@ if TRITON_AVAILABLE:
         stride_k_slot,
         stride_k_head,
         stride_k_pos,
+        stride_lengths,
         num_splits,
         GROUP: tl.constexpr,
         GROUP_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        PRECISION: tl.constexpr,
     ):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         num_kv_heads = tl.num_programs(1)
-        length = tl.load(lengths_ptr + row)
+        length = tl.load(lengths_ptr + row * stride_lengths)
         start = split * chunk
         end = tl.minimum(start + chunk, length)
 
@@ -75,14 +77,14 @@ if TRITON_AVAILABLE:
             valid = positions < end
             offsets = base + positions[:, None] * stride_k_pos + dims[None, :]
             keys = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(keys)) * scale  # [GROUP_PAD, BLOCK_N], fp32 accumulation
+            scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * scale  # [GROUP_PAD, BLOCK_N], fp32 sums
             scores = tl.where(valid[None, :], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, axis=1))
             correction = tl.exp(running_max - new_max)
             weights = tl.exp(scores - new_max[:, None])
             running_sum = running_sum * correction + tl.sum(weights, axis=1)
             values = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0)
-            acc = acc * correction[:, None] + tl.dot(weights.to(values.dtype), values)
+            acc = acc * correction[:, None] + tl.dot(weights.to(values.dtype), values, input_precision=PRECISION)
             running_max = new_max
 
         partial = ((row * num_kv_heads + kv_head) * GROUP + groups) * num_splits + split  # [B, Hq, C] index
@@ -125,7 +127,8 @@ def triton_decode_attention(
 ) -> torch.Tensor:
     """[B, Hq * D] attention of q [B, Hq, D] (row b) over keys 0..lengths[b]-1 of cache slot b.
 
-    k_cache, v_cache: one layer's [S + 1, Hk, M, D] (contiguous); lengths: [B] int64, every entry >= 1.
+    k_cache, v_cache: one layer's [S + 1, Hk, M, D] (contiguous); lengths: [B] int64, every entry >= 1, any
+    stride (the runner passes a column of its slot-state matrix).
     """
     assert triton is not None, "triton_decode_attention needs Triton (CUDA builds of torch ship it)"
     rows, num_heads, head_dim = q.shape
@@ -152,11 +155,14 @@ def triton_decode_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        lengths.stride(0),
         splits,
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_N=block,
+        # fp32 caches (exactness tests) must not round q and k to tf32 inside the tensor-core dot.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype, device=q.device)
     _combine_kernel[(rows * num_heads,)](

@@ -68,6 +68,10 @@ class GraphEngineSettings:
     """Tokens one prefill step computes (longer contexts are chunked over several steps)."""
     max_prefill_wait_steps: int = 8
     """Decode steps a waiting context may be held back while prefills are batched."""
+    max_decode_steps_per_sync: int = 8
+    """Decode steps run back to back before the host reads which rows finished (one while contexts wait for
+    prefill, never past the step where a row's token budget ends): the host's bookkeeping then overlaps the
+    device's work. A row that stops on a stop token idles for at most this many - 1 steps."""
     recompute_kv_after_weight_update: bool = False
     """After new weights, recompute the KV of running rows (prompt + tokens so far) instead of keeping it."""
     use_cuda_graphs: bool | None = None
@@ -157,7 +161,7 @@ def _runner_settings(
         window_step=256 if on_cuda else 64,
         use_cuda_graphs=use_graphs,
         compile=on_cuda if settings.compile is None else settings.compile,
-        triton_attention=on_cuda and TRITON_AVAILABLE,
+        triton_kernels=on_cuda and TRITON_AVAILABLE,
     )
 
 
@@ -378,20 +382,24 @@ class GraphEngine:
                 self._decoding[dst] = sequence
             self.stats.slot_moves += len(moves)
         # A decoding row's context: its prompt and every token generated so far (the last one is fed now).
-        longest = max(len(s.request.prompt_token_ids) + s.num_generated for s in self._decoding.values())
-        window = self.runner.window_for(longest)
-        filtered = any(s.request.sampling.top_k > 0 or s.request.sampling.top_p < 1 for s in self._decoding.values())
-        finished = self.runner.decode(rows, window, filtered)
-        self.stats.decode_steps += 1
-        self.stats.decode_rows += len(self._decoding)
-        self.stats.decode_padded_rows += rows
+        running = self._decoding.values()
+        steps = 1
+        if not self._prefilling:
+            steps = min(self.settings.max_decode_steps_per_sync, *(s.budget - s.num_generated for s in running))
+        longest = max(len(s.request.prompt_token_ids) + s.num_generated for s in running)
+        window = self.runner.window_for(longest + steps - 1)
+        filtered = any(s.request.sampling.top_k > 0 or s.request.sampling.top_p < 1 for s in running)
+        finished = self.runner.decode(rows, window, filtered, steps)
+        self.stats.decode_steps += steps
+        self.stats.decode_rows += len(self._decoding) * steps
+        self.stats.decode_padded_rows += rows * steps
         for slot in finished:
             sequence = self._decoding.pop(slot)
             tokens, logprobs = self.runner.read_generated(slot)
             sequence.num_generated = len(tokens)
             self._finish(sequence, tokens, logprobs)
         for sequence in self._decoding.values():
-            sequence.num_generated += 1
+            sequence.num_generated += steps
         self.stats.decode_seconds += time.perf_counter() - start
 
     def _finish(self, sequence: _Sequence, tokens: list[int], logprobs: list[float]) -> None:

@@ -38,6 +38,7 @@ from asyncppo.generation.decoder_forward import (
 )
 from asyncppo.generation.decoder_weights import DecoderWeights
 from asyncppo.generation.graph_sampling import sample_tokens
+from asyncppo.generation.race_sampling import race_sample_tokens
 
 # Columns of the int64 slot-state matrix [S + 1, 9].
 INPUT, WRITE_POS, LENGTH, GEN_COUNT, BUDGET, TOP_K, SEED, ACTIVE, GREEDY = range(9)
@@ -63,8 +64,9 @@ class RunnerSettings:
     """Key windows are multiples of this (the masked matmul reads only up to the longest live row, rounded up)."""
     use_cuda_graphs: bool
     compile: bool
-    triton_attention: bool = False
-    """Decode attention by the Triton kernel (CUDA): each row reads its own keys only, so one window serves all."""
+    triton_kernels: bool = False
+    """Decode attention and the unfiltered sampler by Triton kernels (CUDA): attention reads each row's own keys
+    only (so one key window serves all), the sampler reads the logits once."""
 
 
 @dataclass(frozen=True)
@@ -148,13 +150,13 @@ class GraphRunner:
         self._qkv: Callable[..., torch.Tensor] = layer_qkv
         self._rest: Callable[..., torch.Tensor] = decode_rest
         self._output: Callable[..., torch.Tensor] = layer_output
-        self._sample: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sample_tokens
+        self._sample_filtered: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sample_tokens
         if settings.compile:
             # Dynamic sizes: one compile serves every batch bucket, key window and prefill length.
             self._qkv = torch.compile(layer_qkv, dynamic=True)
             self._rest = torch.compile(decode_rest, dynamic=True)
             self._output = torch.compile(layer_output, dynamic=True)
-            self._sample = torch.compile(sample_tokens, dynamic=True)
+            self._sample_filtered = torch.compile(sample_tokens, dynamic=True)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.compile_seconds = 0.0
         self.capture_seconds = 0.0
@@ -162,7 +164,7 @@ class GraphRunner:
     @property
     def windows(self) -> tuple[int, ...]:
         step, top = self.settings.window_step, self.settings.max_positions
-        if self.settings.triton_attention:
+        if self.settings.triton_kernels:
             return (top,)
         return tuple(sorted({min(w, top) for w in range(step, top + step, step)}))
 
@@ -192,7 +194,7 @@ class GraphRunner:
             q = self._qkv(
                 hidden, *qkv_arguments(layer), cos, sin, k_cache, v_cache, write_slots, write_positions, shape
             )
-            if self.settings.triton_attention:
+            if self.settings.triton_kernels:
                 attended = triton_decode_attention(q, k_cache, v_cache, lengths, scale, splits)
                 hidden = self._output(hidden, attended, *rest_arguments(layer), shape)
             else:
@@ -208,9 +210,25 @@ class GraphRunner:
             state[:, GREEDY].bool(),
             state[:, SEED],
             lengths,  # the sampled token's index in its sequence keys its noise
-            filtered=filtered,
+            filtered,
         )
         self._advance(rows, active, tokens, logprobs)
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        temperature: torch.Tensor,
+        top_p: torch.Tensor,
+        top_k: torch.Tensor,
+        greedy: torch.Tensor,
+        seeds: torch.Tensor,
+        positions: torch.Tensor,
+        filtered: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sample_tokens`, by the one-pass Triton race when no row filters (the same draws, far fewer bytes)."""
+        if not filtered and self.settings.triton_kernels:
+            return race_sample_tokens(logits, temperature, greedy, seeds, positions)
+        return self._sample_filtered(logits, temperature, top_p, top_k, greedy, seeds, positions, filtered=filtered)
 
     def _advance(self, rows: int, active: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
         state = self.istate[:rows]
@@ -222,21 +240,27 @@ class GraphRunner:
         stopped = (tokens.unsqueeze(-1) == self.stop_ids[:rows]).any(-1)
         done = active & (stopped | (generated >= state[:, BUDGET]))
         still = active & ~done
-        self.finished[:rows] = done
+        self.finished[:rows] |= done  # sticky: the host may read it only after several steps
         state[:, GEN_COUNT] = generated
         state[:, ACTIVE] = still.long()
         state[:, INPUT] = torch.where(still, tokens, 0)
         state[:, WRITE_POS] = torch.where(still, state[:, LENGTH], 0)
         state[:, LENGTH] = torch.where(still, state[:, LENGTH] + 1, 1)
 
-    def decode(self, rows: int, window: int, filtered: bool) -> list[int]:
-        """Run one decode step over slots 0..rows-1 (a bucket) and return the slots that finished in it."""
+    def decode(self, rows: int, window: int, filtered: bool, steps: int = 1) -> list[int]:
+        """Run `steps` decode steps back to back over slots 0..rows-1 (a bucket), then return the slots that
+        finished in them: the only host synchronisation. A row that finishes early is inactive for the rest
+        (its slot computes padding), and `window` must hold every live context after the last step."""
         graph = self._graphs.get((rows, window))
-        if graph is not None and not filtered:
-            graph.replay()
-        else:
-            self._decode_body(rows, window, filtered)
-        return self.finished[:rows].nonzero().squeeze(-1).tolist()
+        for _ in range(steps):
+            if graph is not None and not filtered:
+                graph.replay()
+            else:
+                self._decode_body(rows, window, filtered)
+        finished = self.finished[:rows].nonzero().squeeze(-1).tolist()
+        if finished:
+            self.finished[:rows] = False
+        return finished
 
     def capture_graphs(self) -> None:
         """Compile (first call) and capture one CUDA graph per (bucket, window), while no row is active."""
@@ -282,7 +306,7 @@ class GraphRunner:
         def column(values: list[float] | list[int] | list[bool], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
 
-        tokens, logprobs = sample_tokens(
+        tokens, logprobs = self._sample(
             logits,
             column([c.temperature for c in sampling], torch.float32),
             column([c.top_p for c in sampling], torch.float32),
@@ -290,7 +314,7 @@ class GraphRunner:
             column([c.greedy for c in sampling], torch.bool),
             column([c.seed for c in sampling], torch.long),
             column([c.start + len(c.token_ids) for c in sampling], torch.long),
-            filtered=any(c.top_k > 0 or c.top_p < 1 for c in sampling),
+            any(c.top_k > 0 or c.top_p < 1 for c in sampling),
         )
         return tokens.tolist(), logprobs.tolist()
 
