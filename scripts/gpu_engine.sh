@@ -3,6 +3,8 @@
 # random-weight Qwen2.5-0.5B-shaped model, graph and hf engines side by side. Run from the repo root on the GPU
 # machine with the wheels of `bash ../shared/tools/device-wheels.sh torchdata rich` in .whl/.
 # Writes logs to $OUT (default /tmp/asyncppo-engine). PROFILE=1 adds scripts/profile_decode.py at batch 256.
+# E2E=1 adds scripts/bench_trl_workload.py (TRL's PPO workload, colocated, 6 steps) and, when PEER_SCRIPT names
+# TRL's PPOTrainer benchmark script, runs it on the same workload in the same call for the ratio.
 set -uo pipefail
 OUT=${OUT:-/tmp/asyncppo-engine}
 mkdir -p "$OUT"
@@ -25,4 +27,13 @@ python3 -m asyncppo.cli.main bench generate examples/configs/gpu_local_model.yam
 if [ "${PROFILE:-0}" = 1 ]; then
   python3 scripts/profile_decode.py --model "$model" --batch 256 --window 768 --prefill-rows 32 > "$OUT/profile.log" 2>&1
   grep -v Loading "$OUT/profile.log" | head -120
+fi
+if [ "${E2E:-0}" = 1 ]; then
+  timeout "${E2E_TIMEOUT:-200}" python3 scripts/bench_trl_workload.py --model "$model" --steps 6 > "$OUT/trl_workload.log" 2>&1
+  echo "bench_trl_workload exit $?"; tail -14 "$OUT/trl_workload.log"
+  if [ -n "${PEER_SCRIPT:-}" ]; then
+    timeout "${PEER_TIMEOUT:-200}" python3 "$PEER_SCRIPT" --shape 0.5b --batch 64 --micro 64 --ckpt on --updates 5 \
+      --warmup 1 --budget 150 --out "$OUT" > "$OUT/peer.log" 2>&1
+    echo "peer exit $?"; tail -12 "$OUT/peer.log"
+  fi
 fi

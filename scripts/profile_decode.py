@@ -2,11 +2,17 @@
 
     python3 scripts/profile_decode.py --model /tmp/qwen2.5-0.5b-random --batch 256 --window 768
 
-Prints: ms per replay of the captured step at (batch, window); the same step's pieces timed alone (layers
-only, lm head, sampler); a prefill step of N rows x P tokens; the profiler's top kernels of 5 replays.
+Prints: ms per replay of the captured step at (batch, window); the same step's pieces timed alone (lm head,
+samplers); prefill steps of 1, 8 and N rows x P tokens; one wave of `batch` requests through engine.step()
+with the host functions it spent its time in (cProfile); the profiler's top kernels of 5 decode replays.
 """
 
 import argparse
+import cProfile
+import pstats
+import random
+import time
+from concurrent.futures import Future
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -15,6 +21,7 @@ from asyncppo.generation.decoder_forward import output_logits
 from asyncppo.generation.graph_engine import GraphEngine, GraphEngineSettings
 from asyncppo.generation.graph_runner import PrefillChunk
 from asyncppo.generation.graph_sampling import sample_tokens
+from asyncppo.generation.protocol import GenerationRequest, GenerationResult, SamplingParams
 from asyncppo.generation.race_sampling import race_sample_tokens
 from asyncppo.models.policy import load_policy
 
@@ -34,12 +41,43 @@ def timed(function, repeats: int = 50) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def host_profile(engine: GraphEngine, rows: int, prompt_tokens: int, new_tokens: int) -> None:
+    """Wall time of one wave of `rows` requests driven by engine.step(), and the host functions it spends it in."""
+
+    def wave(seed: int) -> float:
+        draw = random.Random(seed)
+        futures: list[Future[GenerationResult]] = []
+        for _ in range(rows):
+            prompt = tuple(draw.randrange(32000) for _ in range(prompt_tokens))
+            futures.append(Future())
+            engine.add(
+                GenerationRequest(prompt, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)), futures[-1]
+            )
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        while engine.has_work:
+            engine.step()
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    wave(1)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    seconds = wave(2)
+    profiler.disable()
+    print(
+        f"wave of {rows} x ({prompt_tokens} + {new_tokens}) by engine.step(): {seconds:.3f} s, "
+        f"{rows * new_tokens / seconds:,.0f} tok/s"
+    )
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--window", type=int, default=768)
-    parser.add_argument("--prefill-rows", type=int, default=16)
+    parser.add_argument("--prefill-rows", type=int, default=32)
     parser.add_argument("--prefill-tokens", type=int, default=256)
     args = parser.parse_args()
     model = load_policy(args.model, dtype=torch.bfloat16, device="cuda")
@@ -80,25 +118,13 @@ def main() -> None:
         tokens, _ = race_sample_tokens(logits, temperature, greedy, seeds, seeds)
         reference, _ = compiled(logits, temperature, temperature, top_k, greedy, seeds, seeds, filtered=False)
         print(f"race vs compiled sampler: {int((tokens == reference).sum())}/{rows} tokens equal")
-        chunks = [
-            PrefillChunk(slot=i, token_ids=tuple(range(100, 100 + args.prefill_tokens)), start=0, sample=True)
-            for i in range(args.prefill_rows)
-        ]
-        print(
-            f"prefill {args.prefill_rows} x {args.prefill_tokens}: {timed(lambda: runner.prefill(chunks), 10):.2f} ms"
-        )
-        for count in (1, 64):
+        for count in (1, 8, args.prefill_rows):
             some = [
                 PrefillChunk(slot=i, token_ids=tuple(range(100, 100 + args.prefill_tokens)), start=0, sample=True)
                 for i in range(count)
             ]
             print(f"prefill {count} x {args.prefill_tokens}: {timed(lambda s=some: runner.prefill(s), 10):.2f} ms")
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                runner.prefill(chunks)
-            torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=70))
+        host_profile(engine, rows, args.prefill_tokens, args.window - args.prefill_tokens)
         graph = runner._graphs[(rows, window)]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):

@@ -133,3 +133,59 @@ def test_the_triton_race_sampler_draws_the_tokens_of_the_reference_sampler() -> 
         )
         assert torch.equal(tokens, expected_tokens)
         torch.testing.assert_close(logprobs, expected_logprobs, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "dtype"), [(14, 2, 64, torch.bfloat16), (8, 8, 128, torch.float32)]
+)
+def test_triton_prefill_attention_equals_sdpa_over_each_chunks_slot(
+    heads: int, kv_heads: int, dim: int, dtype: torch.dtype
+) -> None:
+    from types import SimpleNamespace
+
+    from asyncppo.generation.decoder_forward import PrefillBatch, padded_prefill_attention, prefill_mask
+    from asyncppo.generation.prefill_attention import block_tokens, query_blocks, triton_prefill_attention
+
+    torch.manual_seed(heads)
+    slots, positions = 8, 512
+    k_cache = torch.randn(slots + 1, kv_heads, positions, dim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    # (slot, start, length): fresh prompts, chunks after a cached prefix or an earlier chunk, single tokens.
+    chunks = [(0, 0, 300), (3, 120, 17), (5, 0, 1), (6, 511, 1), (7, 40, 200)]
+    real = sum(length for _, _, length in chunks)
+    num_tokens = real + 40  # padding tokens, as a captured graph's size would add
+    q = torch.randn(num_tokens, heads, dim, device="cuda", dtype=dtype)
+    token_positions = [start + i for _, start, length in chunks for i in range(length)] + [0] * (num_tokens - real)
+    blocks = query_blocks(
+        [c[2] for c in chunks], [c[0] for c in chunks], num_tokens, slots, block_tokens(heads, kv_heads)
+    )
+    table = torch.tensor(blocks + [(0, 0, 0)] * 7, device="cuda")  # unused grid rows, as in a graph
+    got = triton_prefill_attention(q, k_cache, v_cache, torch.tensor(token_positions, device="cuda"), table, dim**-0.5)
+
+    lengths = [length for _, _, length in chunks]
+    width, offset = max(lengths), 0
+    padded_index = torch.zeros(len(chunks), width, dtype=torch.long)
+    packed_index: list[int] = []
+    for row, length in enumerate(lengths):
+        padded_index[row, :length] = torch.arange(offset, offset + length)
+        packed_index.extend(range(row * width, row * width + length))
+        offset += length
+    # The reference in fp64 on the CPU (SDPA's math kernel; its CUDA kernels take no fp64).
+    starts = torch.tensor([c[1] for c in chunks])
+    ends = starts + torch.tensor(lengths)
+    batch = PrefillBatch(
+        token_ids=torch.zeros(0),
+        positions=torch.zeros(0),
+        token_slots=torch.zeros(0),
+        slots=torch.tensor([c[0] for c in chunks]),
+        padded_index=padded_index,
+        packed_index=torch.tensor(packed_index),
+        mask=prefill_mask(starts, ends, width, positions),
+        key_length=positions,
+    )
+    shape = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=dim)
+    cpu = [t.double().cpu() for t in (q, k_cache, v_cache)]
+    expected = padded_prefill_attention(*cpu, batch, shape)  # pyright: ignore[reportArgumentType]
+    error = (got[:real].double().cpu() - expected[:real]).norm() / expected[:real].norm()
+    assert error < (1e-2 if dtype == torch.bfloat16 else 1e-5), f"relative error {error:.2e}"
+    assert bool(got[real:].isfinite().all()), "padding tokens must stay finite"

@@ -1,7 +1,8 @@
 """PPO through the gym end to end: policy servers on the generator hosts, the built-in head/agent/resources
 servers, GymClient rollouts in the sync source, the async collector and validation; the multi-step tool task
-with turn_gae; and training-level faults (500, hang, dropped connection, malformed JSON, no tokens) that are
-retried or replaced within the budget, or stop the run with a clear error when a step cannot be filled."""
+with turn_gae on the graph engine (its prefix cache reusing each conversation's history); and training-level
+faults (500, hang, dropped connection, malformed JSON, no tokens) that are retried or replaced within the
+budget, or stop the run with a clear error when a step cannot be filled."""
 
 import json
 import os
@@ -78,6 +79,8 @@ def test_sync_ppo_through_the_builtin_gym(
     assert last["val/num_samples"] == 4 and last["val/failed_groups"] == 0 and 0 <= last["val/reward_mean"] <= 1
     for key in ("train/reward_mean", "critic/explained_var", "policy/loss", "mismatch/token_mult_prob_error"):
         assert key in metrics[0], key
+    # On CPU `auto` is the hf engine, which has no prefix cache: no prefill counters are made up for it.
+    assert not any(key.startswith("generation/prefill") for m in metrics for key in m)
     # Generation logprobs came back through HTTP and agree with the trainer's recompute (fp32, same weights).
     assert metrics[0]["mismatch/token_mult_prob_error"] == pytest.approx(1.0, abs=1e-3)
     assert (tmp_path / "run" / "checkpoints" / "step_3" / "policy").is_dir()
@@ -89,23 +92,34 @@ def test_async_ppo_through_the_builtin_gym(
     tree = gym_tree(tiny_run_tree, data_dir, tmp_path)
     tree["ppo"]["async_ppo"] = {"enabled": True, "max_trajectory_age_steps": 1}
     tree["loss_fn"] = {"use_importance_sampling_correction": True}
+    tree["generation"]["backend"] = "graph"  # its counters are read while the collector keeps it generating
     metrics = run_training(tree, tmp_path / "run", cache_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["async/max_policy_age"] <= 1 for m in metrics)
     assert metrics[-1]["gym/rollouts_succeeded"] >= 3 * 4 * 2 + 4
+    # Single-turn prompts and no KV recompute: computed <= sent (equal unless a prompt repeats a finished one).
+    sent = sum(m["generation/prefill_tokens_sent"] for m in metrics)
+    assert sent > 0 and sum(m["generation/prefill_tokens_computed"] for m in metrics) <= sent
     accounting = json.loads((tmp_path / "run" / "checkpoints" / "step_3" / "accounting.json").read_text())
     assert accounting["problems"] == []
     assert sum(end - start for start, end in accounting["trained"]) == 3 * 4
 
 
-def test_the_multi_step_tool_task_trains_with_turn_gae(ray_cluster: None, cache_dir: Path, tmp_path: Path):
+def test_the_multi_step_tool_task_trains_with_turn_gae_on_the_graph_engine_reusing_histories(
+    ray_cluster: None, cache_dir: Path, tmp_path: Path
+):
     tree = _multi_step_tree(max_num_steps=3)
+    tree["generation"]["backend"] = "graph"  # what `auto` picks on GPUs; on CPU it runs eagerly
     metrics = run_training(tree, tmp_path / "run", cache_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for step in metrics:
         # Several model calls per rollout (add, multiply, answer), each one turn of the turn-level critic.
         assert step["turn/num_turns_mean"] > 1.5, step
         assert 0 <= step["train/reward_mean"] <= 1
+        # Each later call's prompt starts with the conversation so far, whose KV the prefix cache still holds.
+        assert step["generation/prefix_hits"] > 0, step
+        assert step["generation/prefill_tokens_computed"] < step["generation/prefill_tokens_sent"], step
+        assert 0 < step["generation/prefill_computed_fraction"] < 1, step
     assert metrics[-1]["val/turns_per_sample"] > 1.5
     assert "critic/explained_var" in metrics[-1] and "policy/loss" in metrics[-1]
 

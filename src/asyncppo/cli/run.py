@@ -37,6 +37,7 @@ from asyncppo.cli.run_inputs import (
 )
 from asyncppo.config import ConfigError, RunConfig, dump_config
 from asyncppo.distributed.process_group import SyncGroupSpec, free_port
+from asyncppo.generation.engines import prefix_reuse_metrics
 from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBoardSink
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.pipeline.failures import StepFailureBudget
@@ -89,6 +90,8 @@ class Run:
     groups: list[WorkerGroup] = field(default_factory=list[WorkerGroup])
     gym: "GymRollouts | None" = None
     privileged_critic: PrivilegedCritic | None = None
+    engine_counters: dict[str, float] = field(default_factory=dict[str, float])
+    """The generators' summed engine counters at the last `generation_metrics` call (the base of the next)."""
 
     def critic_prefixes(self, trajectories: Sequence[Trajectory]) -> CriticPrefixes | None:
         """The privileged critic's prefixes for the step's trajectories (batch row order); None when it is off."""
@@ -97,6 +100,17 @@ class Run:
     def rollout_metrics(self) -> dict[str, float]:
         """Cumulative rollout-side counters logged with every step (gym requests, retries, failures, penalties)."""
         return self.gym.runner.metrics() if self.gym is not None else {}
+
+    def generation_metrics(self) -> dict[str, float]:
+        """The engines' prefix reuse since the previous call, summed over generator ranks ({} for hf engines).
+
+        Deltas of cumulative counters, so whatever generated in between counts: the step's rollouts, its
+        validation and, in async runs, rollouts the collector produced for later steps.
+        """
+        counters = self.generator.engine_counters()
+        metrics = prefix_reuse_metrics(self.engine_counters, counters)
+        self.engine_counters = counters
+        return metrics
 
     def start_generation(self, step: int, seed_offset: int = 0) -> None:
         """Per-step sampling seed: a resumed sync run draws exactly what an uninterrupted one would.

@@ -41,7 +41,8 @@ def train(run: Run) -> None:
     run.publish_policy(version=start, trained=True)  # generators start from the trainer's exact weights
     policy_has_trained = start > ppo.policy_training_start_step
     if ppo.val_at_start and start == 0:
-        run.metrics.log(0, run.validate(0))
+        # Read the engine counters here too, so the start's validation prefill is not booked on step 1.
+        run.metrics.log(0, {**run.validate(0), **run.generation_metrics()})
     for step in range(start, ppo.max_num_steps):
         started = time.perf_counter()
         run.start_generation(step)
@@ -68,6 +69,7 @@ def train(run: Run) -> None:
         metrics["timing/generation"] = generated - started
         metrics["timing/step"] = time.perf_counter() - started
         metrics.update(run.rollout_metrics())  # cumulative, so read last: validation's rollouts count too
+        metrics.update(run.generation_metrics())  # since the last read: this step's validation counts too
         run.metrics.log(completed, metrics)
         out_of_time = deadline is not None and time.monotonic() - run_started >= deadline
         if run.config.checkpointing.enabled and (

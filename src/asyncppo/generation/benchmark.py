@@ -1,10 +1,14 @@
 """Generation-only benchmark: drive an engine with synthetic requests and measure it against the memory floor.
 
 Called by `asyncppo bench generate` (`cli/bench_generate.py`). One case = one engine build (its compile and
-graph capture timed), one untimed warm-up wave, then one timed wave:
+graph capture timed), one untimed warm-up wave of B requests, then one timed wave:
 
     fixed     B requests of P random prompt tokens, each generating exactly N tokens (ignore_eos)
-    variable  4 B requests, max_new_tokens drawn uniformly from 16..N: continuous batching must refill slots
+    variable  8 B requests, max_new_tokens drawn uniformly from 16..N: continuous batching must refill slots
+
+Why 8 B: once the queue is empty the last B rows drain alone, and with lengths uniform in 16..N that tail
+costs about 0.65 N x B idle slot-steps whatever the engine does; over 4 B requests (~2 N B tokens) it would cap
+the mean occupancy near 76%, over 8 B near 86%, so the case measures refilling more than the tail.
 
 Figures: tok/s over the wave's wall time (prefill included), steady tok/s and ms per decode step from the
 engine's decode counters (graph engine) or wall time over tokens (hf), and the floor of one decode step:
@@ -79,7 +83,7 @@ def _synchronize(device: torch.device) -> None:
 def case_requests(case: BenchCase, vocab_size: int, seed: int) -> list[GenerationRequest]:
     """The case's synthetic requests (random prompt ids below min(vocab, 32000), fixed or drawn lengths)."""
     draw = random.Random(seed)
-    count = case.batch_size if case.kind == "fixed" else 4 * case.batch_size
+    count = case.batch_size if case.kind == "fixed" else 8 * case.batch_size
     requests = []
     for _ in range(count):
         prompt = tuple(draw.randrange(min(vocab_size, 32000)) for _ in range(case.prompt_tokens))
@@ -104,7 +108,7 @@ def run_case(
     engine = build()
     startup = time.perf_counter() - start
     try:
-        engine.generate(case_requests(case, vocab_size, seed=1))
+        engine.generate(case_requests(case, vocab_size, seed=1)[: case.batch_size])  # warm-up: one batch
         before = engine.stats() if isinstance(engine, GraphGenerator) else None
         prefill_seconds = 0.0
         requests = case_requests(case, vocab_size, seed=2)

@@ -161,7 +161,7 @@ def output_logits(hidden: torch.Tensor, weights: DecoderWeights) -> torch.Tensor
 
 @dataclass(frozen=True)
 class PrefillBatch:
-    """Device tensors describing one packed prefill step (built by the runner from the scheduler's chunks).
+    """Device tensors of one packed prefill step on the eager path (built by the runner from the scheduler's chunks).
 
     Row n computes positions starts[n] .. ends[n]-1 of cache slot slots[n]; its tokens are packed contiguously
     in `token_ids`, followed by padding tokens (sink slot, position 0) up to T. `padded_index` [N, P] maps
@@ -190,10 +190,12 @@ def prefill_mask(starts: torch.Tensor, ends: torch.Tensor, width: int, key_lengt
     return ((keys[None, None, :] <= query_positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None]))[:, None]
 
 
-def _prefill_attention(
+def padded_prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PrefillBatch, shape: DecoderShape
 ) -> torch.Tensor:
-    """[T, Hq * D] causal attention of each packed query over its slot's keys 0..ends[n]-1 (padding rows: 0)."""
+    """[T, Hq * D] causal attention of each packed query over its slot's keys 0..ends[n]-1 (padding rows: 0).
+
+    The eager path (CPU, and CUDA without Triton): SDPA over a padded gather of each row's keys."""
     rows, width = batch.padded_index.shape
     groups = shape.num_heads // shape.num_kv_heads
     queries = q[batch.padded_index].transpose(1, 2)  # [N, Hq, P, D]
@@ -218,30 +220,27 @@ def prefill_forward(
     v_caches: list[torch.Tensor],
     cos_table: torch.Tensor,
     sin_table: torch.Tensor,
-    batch: PrefillBatch,
+    token_ids: torch.Tensor,
+    positions: torch.Tensor,
+    token_slots: torch.Tensor,
+    attend: "Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]",
     qkv_step: "Callable[..., torch.Tensor]" = layer_qkv,
     output_step: "Callable[..., torch.Tensor]" = layer_output,
 ) -> torch.Tensor:
     """[T, hidden] final-layer hidden states of the packed tokens; writes their K/V into every layer's cache.
 
-    `qkv_step` and `output_step` are `layer_qkv` and `layer_output` or compiled versions of them (the runner
-    passes the ones its decode step uses); only the attention in between runs eagerly.
+    Token t sits at `positions[t]` of cache slot `token_slots[t]`. `attend(q, k_cache, v_cache)` is the
+    attention over one layer's cache after the tokens' K/V were written (`padded_prefill_attention` or the
+    Triton kernel of `prefill_attention`). `qkv_step` and `output_step` are `layer_qkv` and `layer_output` or
+    compiled versions of them (the runner passes the ones its decode step uses).
     """
     shape = weights.shape
-    hidden = weights.embed[batch.token_ids]
-    cos, sin = cos_table[batch.positions], sin_table[batch.positions]
+    hidden = weights.embed[token_ids]
+    cos, sin = cos_table[positions], sin_table[positions]
     for index, layer in enumerate(weights.layers):
         q = qkv_step(
-            hidden,
-            *qkv_arguments(layer),
-            cos,
-            sin,
-            k_caches[index],
-            v_caches[index],
-            batch.token_slots,
-            batch.positions,
-            shape,
+            hidden, *qkv_arguments(layer), cos, sin, k_caches[index], v_caches[index], token_slots, positions, shape
         )
-        attended = _prefill_attention(q, k_caches[index], v_caches[index], batch, shape)
+        attended = attend(q, k_caches[index], v_caches[index])
         hidden = output_step(hidden, attended, *rest_arguments(layer), shape)
     return hidden

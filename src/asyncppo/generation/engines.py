@@ -5,6 +5,9 @@ with one EngineSettings built from the `generation` config section.
 
     backend auto  --CUDA and a supported family-->  graph      (else hf, with a warning saying why)
     backend graph --unsupported family-->           error naming `generation.backend: hf`
+
+`prefix_reuse_counters` reads an engine's cumulative prefix-cache counters for the driver's per-step metrics;
+`prefix_reuse_metrics` turns two readings into the step's `generation/*` metrics.
 """
 
 import warnings
@@ -20,6 +23,8 @@ from asyncppo.generation.hf_generator import HFGenerator
 
 Backend = Literal["auto", "hf", "graph"]
 Engine = HFGenerator | GraphGenerator
+PREFIX_REUSE_COUNTERS = ("prefill_tokens_sent", "prefill_tokens_computed", "prefix_hits")
+"""GraphEngineStats fields that show how much prefill the prefix cache saved (cumulative, summable over ranks)."""
 
 
 @dataclass(frozen=True)
@@ -79,3 +84,28 @@ def build_engine(model: PreTrainedModel, settings: EngineSettings, rank: int = 0
             recompute_kv_after_weight_update=settings.recompute_kv_after_weight_update,
         ),
     )
+
+
+def prefix_reuse_counters(engine: Engine | None) -> dict[str, float]:
+    """The engine's cumulative PREFIX_REUSE_COUNTERS; {} for an engine without a prefix cache (hf) or none."""
+    if not isinstance(engine, GraphGenerator):
+        return {}  # hf recomputes every prompt in full: reporting "computed == sent" would be invented
+    stats = engine.stats()
+    return {name: float(getattr(stats, name)) for name in PREFIX_REUSE_COUNTERS}
+
+
+def prefix_reuse_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """`generation/*` metrics of the prefill between two readings of summed prefix_reuse_counters.
+
+    {} when `after` has no counters (hf engines). Counters absent from `before` count from 0 (the first
+    reading of a run: its engines started at 0). The computed fraction is left out when nothing was sent.
+    """
+    if not after:
+        return {}
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in PREFIX_REUSE_COUNTERS}
+    metrics = {f"generation/{name}": value for name, value in delta.items()}
+    if delta["prefill_tokens_sent"] > 0:
+        metrics["generation/prefill_computed_fraction"] = (
+            delta["prefill_tokens_computed"] / delta["prefill_tokens_sent"]
+        )
+    return metrics

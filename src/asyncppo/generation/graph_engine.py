@@ -31,6 +31,7 @@ from asyncppo.generation.graph_runner import (
     PrefillChunk,
     RunnerSettings,
     decode_buckets,
+    prefill_buckets,
 )
 from asyncppo.generation.kv_slots import SlotTable
 from asyncppo.generation.protocol import FinishReason, GenerationRequest, GenerationResult
@@ -68,10 +69,13 @@ class GraphEngineSettings:
     """Tokens one prefill step computes (longer contexts are chunked over several steps)."""
     max_prefill_wait_steps: int = 8
     """Decode steps a waiting context may be held back while prefills are batched."""
+    prefill_batch_ratio: int = 16
+    """Prefill as soon as the contexts waiting for it number at least 1/this of the decoding rows (else they
+    wait up to max_prefill_wait_steps, so that arrivals share one prefill step)."""
     max_decode_steps_per_sync: int = 8
-    """Decode steps run back to back before the host reads which rows finished (one while contexts wait for
-    prefill, never past the step where a row's token budget ends): the host's bookkeeping then overlaps the
-    device's work. A row that stops on a stop token idles for at most this many - 1 steps."""
+    """Decode steps run back to back before the host reads which rows finished (never past the step where the
+    last row's token budget ends, nor past the wait limit of a context waiting for prefill): the host's
+    bookkeeping then overlaps the device's work. A finished row idles for at most this many - 1 steps."""
     recompute_kv_after_weight_update: bool = False
     """After new weights, recompute the KV of running rows (prompt + tokens so far) instead of keeping it."""
     use_cuda_graphs: bool | None = None
@@ -125,7 +129,7 @@ class _Sequence:
 
 
 def _runner_settings(
-    settings: GraphEngineSettings, shape_bytes_per_token: int, weights_bytes: int, device: torch.device
+    settings: GraphEngineSettings, shape_bytes_per_token: int, head_dim: int, device: torch.device
 ) -> RunnerSettings:
     max_positions = -(-settings.max_context_length // 16) * 16
     buckets = decode_buckets(settings.max_batch_size)
@@ -152,6 +156,8 @@ def _runner_settings(
         )
     on_cuda = device.type == "cuda"
     use_graphs = on_cuda if settings.use_cuda_graphs is None else settings.use_cuda_graphs
+    # The kernels take the head dim as one power-of-two tile (every Llama / Qwen / Mistral size is one).
+    triton_kernels = on_cuda and TRITON_AVAILABLE and head_dim >= 16 and head_dim & (head_dim - 1) == 0
     return RunnerSettings(
         num_slots=num_slots,
         max_positions=max_positions,
@@ -161,7 +167,8 @@ def _runner_settings(
         window_step=256 if on_cuda else 64,
         use_cuda_graphs=use_graphs,
         compile=on_cuda if settings.compile is None else settings.compile,
-        triton_kernels=on_cuda and TRITON_AVAILABLE,
+        triton_kernels=triton_kernels,
+        prefill_buckets=prefill_buckets(settings.max_prefill_tokens) if triton_kernels else (),
     )
 
 
@@ -175,9 +182,7 @@ class GraphEngine:
         self.settings = settings
         self.vocab_size = shape.vocab_size
         self.weights = DecoderWeights(model, shape, dtype)
-        runner_settings = _runner_settings(
-            settings, shape.kv_bytes_per_token(dtype.itemsize), self.weights.num_bytes(), device
-        )
+        runner_settings = _runner_settings(settings, shape.kv_bytes_per_token(dtype.itemsize), shape.head_dim, device)
         if len(settings.eos_token_ids) >= runner_settings.max_stop_ids:
             raise ValueError(f"at most {runner_settings.max_stop_ids - 1} EOS ids, got {settings.eos_token_ids}")
         self.runner = GraphRunner(self.weights, rotary_inverse_frequencies(model), runner_settings)
@@ -233,13 +238,11 @@ class GraphEngine:
         self._admit()
         if self._prefilling and (
             not self._decoding
-            or len(self._prefilling) * 4 >= len(self._decoding)
+            or len(self._prefilling) * self.settings.prefill_batch_ratio >= len(self._decoding)
             or self._prefilling[0].waited_steps >= self.settings.max_prefill_wait_steps
         ):
             self._prefill_step()
         elif self._decoding:
-            for sequence in self._prefilling:
-                sequence.waited_steps += 1
             self._decode_step()
 
     def weights_changed(self, version: int, model: PreTrainedModel | None) -> None:
@@ -383,23 +386,29 @@ class GraphEngine:
             self.stats.slot_moves += len(moves)
         # A decoding row's context: its prompt and every token generated so far (the last one is fed now).
         running = self._decoding.values()
-        steps = 1
-        if not self._prefilling:
-            steps = min(self.settings.max_decode_steps_per_sync, *(s.budget - s.num_generated for s in running))
+        # Rows that finish inside the run idle (inactive) for its remaining steps; the run never outlasts the
+        # longest remaining budget, nor the wait limit of the oldest context waiting for prefill.
+        steps = min(self.settings.max_decode_steps_per_sync, max(s.budget - s.num_generated for s in running))
+        if self._prefilling:
+            steps = max(1, min(steps, self.settings.max_prefill_wait_steps - self._prefilling[0].waited_steps))
         longest = max(len(s.request.prompt_token_ids) + s.num_generated for s in running)
-        window = self.runner.window_for(longest + steps - 1)
+        # A row's context never outgrows prompt + budget <= max_positions, whatever the step count.
+        window = self.runner.window_for(min(longest + steps - 1, self.runner.settings.max_positions))
         filtered = any(s.request.sampling.top_k > 0 or s.request.sampling.top_p < 1 for s in running)
         finished = self.runner.decode(rows, window, filtered, steps)
-        self.stats.decode_steps += steps
-        self.stats.decode_rows += len(self._decoding) * steps
-        self.stats.decode_padded_rows += rows * steps
-        for slot in finished:
+        advanced = (len(self._decoding) - len(finished)) * steps
+        for slot, (tokens, logprobs) in zip(finished, self.runner.read_generated_many(finished), strict=True):
             sequence = self._decoding.pop(slot)
-            tokens, logprobs = self.runner.read_generated(slot)
+            advanced += len(tokens) - sequence.num_generated
             sequence.num_generated = len(tokens)
             self._finish(sequence, tokens, logprobs)
         for sequence in self._decoding.values():
             sequence.num_generated += steps
+        for sequence in self._prefilling:
+            sequence.waited_steps += steps
+        self.stats.decode_steps += steps
+        self.stats.decode_rows += advanced
+        self.stats.decode_padded_rows += rows * steps
         self.stats.decode_seconds += time.perf_counter() - start
 
     def _finish(self, sequence: _Sequence, tokens: list[int], logprobs: list[float]) -> None:

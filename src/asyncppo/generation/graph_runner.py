@@ -30,6 +30,7 @@ from asyncppo.generation.decoder_forward import (
     layer_output,
     layer_qkv,
     output_logits,
+    padded_prefill_attention,
     prefill_forward,
     prefill_mask,
     qkv_arguments,
@@ -38,6 +39,12 @@ from asyncppo.generation.decoder_forward import (
 )
 from asyncppo.generation.decoder_weights import DecoderWeights
 from asyncppo.generation.graph_sampling import sample_tokens
+from asyncppo.generation.prefill_attention import (
+    block_tokens,
+    max_query_blocks,
+    query_blocks,
+    triton_prefill_attention,
+)
 from asyncppo.generation.race_sampling import race_sample_tokens
 
 # Columns of the int64 slot-state matrix [S + 1, 9].
@@ -65,8 +72,12 @@ class RunnerSettings:
     use_cuda_graphs: bool
     compile: bool
     triton_kernels: bool = False
-    """Decode attention and the unfiltered sampler by Triton kernels (CUDA): attention reads each row's own keys
-    only (so one key window serves all), the sampler reads the logits once."""
+    """Attention and the unfiltered sampler by Triton kernels (CUDA): decode attention reads each row's own keys
+    only (so one key window serves all), prefill attention reads keys in place (so a prefill step can be a CUDA
+    graph), the sampler reads the logits once."""
+    prefill_buckets: tuple[int, ...] = ()
+    """Packed-token counts of the captured prefill graphs, ascending (with triton_kernels and CUDA graphs); the
+    last bounds the tokens of one prefill step."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,17 @@ def decode_buckets(max_rows: int) -> tuple[int, ...]:
     return tuple(sorted({min(size, top) for size in sizes} | {top}))
 
 
+def prefill_buckets(max_tokens: int) -> tuple[int, ...]:
+    """Packed-token counts of prefill graphs: 64, 128, then steps of x1.5 / x1.33 (256, 384, 512, 768, ...) up to
+    max_tokens rounded up to 64, so a step pads at most half of its tokens (a third past 256)."""
+    top = max(64, -(-max_tokens // 64) * 64)
+    sizes, size = {64, 128}, 256
+    while size < top:
+        sizes |= {size, size * 3 // 2}
+        size *= 2
+    return tuple(sorted({s for s in sizes if s < top} | {top}))
+
+
 class GraphRunner:
     """KV cache, slot state and the compiled/graphed step programs for one DecoderWeights."""
 
@@ -158,6 +180,20 @@ class GraphRunner:
             self._output = torch.compile(layer_output, dynamic=True)
             self._sample_filtered = torch.compile(sample_tokens, dynamic=True)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # Prefill with the Triton kernel: static inputs sized for the largest step (token ids, positions, slots,
+        # one row each) and query blocks; each captured graph reads the first T columns and keeps its output.
+        self._block_tokens = block_tokens(shape.num_heads, shape.num_kv_heads)
+        self._max_prefill_chunks = settings.decode_buckets[-1]
+        most_tokens = settings.prefill_buckets[-1] if settings.prefill_buckets else 0
+        self._prefill_inputs = torch.zeros(3, most_tokens, dtype=torch.long, device=device)
+        self._prefill_blocks = torch.zeros(
+            max_query_blocks(most_tokens, self._max_prefill_chunks, self._block_tokens),
+            3,
+            dtype=torch.long,
+            device=device,
+        )
+        self._prefill_inputs[2] = settings.num_slots  # until a step loads them: the sink slot
+        self._prefill_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.compile_seconds = 0.0
         self.capture_seconds = 0.0
 
@@ -285,6 +321,13 @@ class GraphRunner:
                 with torch.cuda.graph(graph, pool=pool):
                     self._decode_body(rows, window, False)
                 self._graphs[(rows, window)] = graph
+        prefill_pool = torch.cuda.graph_pool_handle()  # its outputs are read after replay: not shared with decode
+        for num_tokens in reversed(self.settings.prefill_buckets):
+            self._blocked_prefill(num_tokens)  # a first run at this shape, outside capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=prefill_pool):
+                hidden = self._blocked_prefill(num_tokens)
+            self._prefill_graphs[num_tokens] = (graph, hidden)
         torch.cuda.synchronize(self.device)
         self.finished.zero_()
         self.capture_seconds = time.perf_counter() - start
@@ -292,31 +335,100 @@ class GraphRunner:
     # -- prefill -----------------------------------------------------------------------------------------
     def prefill(self, chunks: Sequence[PrefillChunk]) -> tuple[list[int], list[float]]:
         """Compute every chunk's K/V; sample one token for each chunk with `sample` (in order), returned to host."""
-        batch = self._prefill_batch(chunks)
-        hidden = prefill_forward(
-            self.weights, self.k_caches, self.v_caches, self.cos, self.sin, batch, self._qkv, self._output
-        )
+        lengths = [len(chunk.token_ids) for chunk in chunks]
+        if self.settings.prefill_buckets:
+            num_tokens = next(b for b in self.settings.prefill_buckets if b >= sum(lengths))
+            self._load_prefill_inputs(chunks, num_tokens)
+            if num_tokens in self._prefill_graphs:
+                graph, hidden = self._prefill_graphs[num_tokens]
+                graph.replay()
+            else:
+                hidden = self._blocked_prefill(num_tokens)
+        else:
+            batch = self._prefill_batch(chunks)
+            hidden = prefill_forward(
+                self.weights,
+                self.k_caches,
+                self.v_caches,
+                self.cos,
+                self.sin,
+                batch.token_ids,
+                batch.positions,
+                batch.token_slots,
+                lambda q, k_cache, v_cache: padded_prefill_attention(q, k_cache, v_cache, batch, self.weights.shape),
+                self._qkv,
+                self._output,
+            )
         sampling = [chunk for chunk in chunks if chunk.sample]
         if not sampling:
             return [], []
-        ends = torch.tensor([len(c.token_ids) for c in chunks], dtype=torch.long).cumsum(0) - 1
-        last = ends[[i for i, c in enumerate(chunks) if c.sample]].to(self.device)
+        ends = torch.tensor(lengths, dtype=torch.long).cumsum(0) - 1
+        # One copy each for the integer and the float columns of the sampled rows.
+        integers = torch.tensor(
+            [[c.top_k, int(c.greedy), c.seed, c.start + len(c.token_ids)] for c in sampling], dtype=torch.long
+        )
+        integers = torch.cat([integers, ends[[i for i, c in enumerate(chunks) if c.sample]][:, None]], dim=1)
+        integers = integers.to(self.device).unbind(1)
+        floats = torch.tensor([[c.temperature, c.top_p] for c in sampling], dtype=torch.float32).to(self.device)
+        top_k, greedy, seeds, positions, last = integers
         logits = output_logits(hidden[last], self.weights)
-
-        def column(values: list[float] | list[int] | list[bool], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=self.device)
-
         tokens, logprobs = self._sample(
             logits,
-            column([c.temperature for c in sampling], torch.float32),
-            column([c.top_p for c in sampling], torch.float32),
-            column([c.top_k for c in sampling], torch.long),
-            column([c.greedy for c in sampling], torch.bool),
-            column([c.seed for c in sampling], torch.long),
-            column([c.start + len(c.token_ids) for c in sampling], torch.long),
+            floats[:, 0],
+            floats[:, 1],
+            top_k,
+            greedy.bool(),
+            seeds,
+            positions,
             any(c.top_k > 0 or c.top_p < 1 for c in sampling),
         )
         return tokens.tolist(), logprobs.tolist()
+
+    def _load_prefill_inputs(self, chunks: Sequence[PrefillChunk], num_tokens: int) -> None:
+        """Write the chunks, padded to `num_tokens` tokens (sink slot, position 0), into the static prefill inputs."""
+        if len(chunks) > self._max_prefill_chunks:
+            raise ValueError(f"{len(chunks)} prefill chunks, more than the {self._max_prefill_chunks} rows sized for")
+        padding = num_tokens - sum(len(chunk.token_ids) for chunk in chunks)
+        sink = self.settings.num_slots
+        inputs = torch.tensor(
+            [
+                [token for chunk in chunks for token in chunk.token_ids] + [0] * padding,
+                [chunk.start + i for chunk in chunks for i in range(len(chunk.token_ids))] + [0] * padding,
+                [chunk.slot for chunk in chunks for _ in chunk.token_ids] + [sink] * padding,
+            ],
+            dtype=torch.long,
+        )
+        blocks = query_blocks(
+            [len(chunk.token_ids) for chunk in chunks],
+            [chunk.slot for chunk in chunks],
+            num_tokens,
+            sink,
+            self._block_tokens,
+        )
+        grid = max_query_blocks(num_tokens, self._max_prefill_chunks, self._block_tokens)
+        table = torch.zeros(grid, 3, dtype=torch.long)
+        table[: len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+        self._prefill_inputs[:, :num_tokens].copy_(inputs)
+        self._prefill_blocks[:grid].copy_(table)
+
+    def _blocked_prefill(self, num_tokens: int) -> torch.Tensor:
+        """[T, hidden] prefill of the static inputs' first T tokens with the Triton attention (what graphs capture)."""
+        token_ids, positions, token_slots = self._prefill_inputs[:, :num_tokens]
+        blocks = self._prefill_blocks[: max_query_blocks(num_tokens, self._max_prefill_chunks, self._block_tokens)]
+        scale = self.weights.shape.head_dim**-0.5
+        return prefill_forward(
+            self.weights,
+            self.k_caches,
+            self.v_caches,
+            self.cos,
+            self.sin,
+            token_ids,
+            positions,
+            token_slots,
+            lambda q, k_cache, v_cache: triton_prefill_attention(q, k_cache, v_cache, positions, blocks, scale),
+            self._qkv,
+            self._output,
+        )
 
     def _prefill_batch(self, chunks: Sequence[PrefillChunk]) -> PrefillBatch:
         lengths = [len(chunk.token_ids) for chunk in chunks]
@@ -396,8 +508,18 @@ class GraphRunner:
 
     def read_generated(self, slot: int) -> tuple[list[int], list[float]]:
         """The tokens and logprobs the row in `slot` generated so far."""
-        count = int(self.istate[slot, GEN_COUNT])
-        return self.out_tokens[slot, :count].tolist(), self.out_logprobs[slot, :count].tolist()
+        return self.read_generated_many([slot])[0]
+
+    def read_generated_many(self, slots: Sequence[int]) -> list[tuple[list[int], list[float]]]:
+        """`read_generated` for several slots with three device reads in all (not three per slot)."""
+        if not slots:
+            return []
+        index = torch.tensor(list(slots), dtype=torch.long, device=self.device)
+        counts = self.istate[index, GEN_COUNT].tolist()
+        width = max(counts)
+        tokens = self.out_tokens[index, :width].tolist()
+        logprobs = self.out_logprobs[index, :width].tolist()
+        return [(t[:n], p[:n]) for t, p, n in zip(tokens, logprobs, counts, strict=True)]
 
     def move(self, moves: Sequence[tuple[int, int]]) -> None:
         """Copy whole slots (KV of every layer, state, generated tokens) from src to dst; src becomes padding."""

@@ -57,6 +57,9 @@ class SlotTable:
         self.min_reused_tokens = max(1, min_reused_tokens)
         self._free = list(range(num_slots))  # a heap: the lowest free slot keeps decode batches compact
         self._cached: dict[int, CachedPrefix] = {}
+        # Cached slots by their first min_reused_tokens tokens: only those can give a hit, so a prompt is compared
+        # with a handful of candidates, not with every resident prefix (hundreds, each hundreds of tokens long).
+        self._by_head: dict[tuple[int, ...], set[int]] = {}
         self._busy: set[int] = set()
         self._clock = 0
 
@@ -77,15 +80,17 @@ class SlotTable:
         """A slot for `prompt`: the cached slot sharing its longest prefix (at least `min_reused_tokens`, and never
         the whole prompt: its last token must be computed to give the next token's logits), else the lowest
         free slot, else the least recently used cached slot. None when every slot is busy."""
+        prompt = tuple(prompt)
         best_slot, best_length = -1, 0
-        for slot, cached in self._cached.items():
+        for slot in self._by_head.get(prompt[: self.min_reused_tokens], ()):
+            cached = self._cached[slot]
             if cached.version != version:
                 continue
             length = min(common_prefix_length(cached.tokens, prompt), len(prompt) - 1)
             if length > best_length:
                 best_slot, best_length = slot, length
         if best_length >= self.min_reused_tokens:
-            del self._cached[best_slot]
+            self._forget(best_slot)
             self._busy.add(best_slot)
             return Acquired(best_slot, best_length)
         slot = self._take_unused_slot(below=self.num_slots)
@@ -96,7 +101,10 @@ class SlotTable:
         self._busy.remove(slot)
         if computed_tokens:
             self._clock += 1
-            self._cached[slot] = CachedPrefix(tuple(computed_tokens), version, self._clock)
+            tokens = tuple(computed_tokens)
+            self._cached[slot] = CachedPrefix(tokens, version, self._clock)
+            if len(tokens) >= self.min_reused_tokens:
+                self._by_head.setdefault(tokens[: self.min_reused_tokens], set()).add(slot)
         else:
             heapq.heappush(self._free, slot)
 
@@ -105,6 +113,7 @@ class SlotTable:
         for slot in self._cached:
             heapq.heappush(self._free, slot)
         self._cached.clear()
+        self._by_head.clear()
 
     def compaction_moves(self, active: Sequence[int], bucket: int) -> list[tuple[int, int]] | None:
         """Moves (src, dst) that bring every slot in `active` below `bucket`, or None if too few slots are unused
@@ -131,6 +140,15 @@ class SlotTable:
             if not candidates:
                 return None
             slot = min(candidates, key=lambda s: self._cached[s].last_used)
-            del self._cached[slot]
+            self._forget(slot)
         self._busy.add(slot)
         return slot
+
+    def _forget(self, slot: int) -> None:
+        """Drop `slot`'s cached prefix (taken over or evicted)."""
+        tokens = self._cached.pop(slot).tokens
+        if len(tokens) >= self.min_reused_tokens:
+            head = tokens[: self.min_reused_tokens]
+            self._by_head[head].discard(slot)
+            if not self._by_head[head]:
+                del self._by_head[head]

@@ -9,7 +9,8 @@ also usable in-process. The driver reaches them through `workers/remote.py`.
 """
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,7 +25,7 @@ from asyncppo.distributed.weight_sync import (
     param_specs,
     weights_checksum,
 )
-from asyncppo.generation.engines import EngineSettings, build_engine
+from asyncppo.generation.engines import EngineSettings, build_engine, prefix_reuse_counters
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.models.policy import load_policy
 from asyncppo.rollout.batch import TrainBatch
@@ -45,6 +46,7 @@ class PolicyEndpoint:
         self.generator = build_engine(worker.model, colocated_engine, rank) if colocated_engine is not None else None
         self._sender: WeightSender | None = None
         self._server: PolicyServer | None = None
+        self._memory = PhasePeaks(next(worker.model.parameters()).device)
 
     # -- training (the PolicyModel side of the PPO step) --
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -54,7 +56,11 @@ class PolicyEndpoint:
         return self.worker.reference_logprobs(batch)
 
     def train(self, batch: TrainBatch) -> dict[str, float]:
-        return self.worker.train(batch)
+        with self._memory.phase("train"):
+            metrics = self.worker.train(batch)
+        if self.generator is not None:  # colocated: the engine's KV cache and the training state share the GPU
+            metrics.update(self._memory.report())
+        return metrics
 
     def save(self, directory: str) -> str:
         return str(self.worker.save(directory))
@@ -66,7 +72,8 @@ class PolicyEndpoint:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         if self.generator is None:
             raise RuntimeError("this policy worker has no colocated generator (generation.colocated.enabled=false)")
-        return self.generator.generate(requests)
+        with self._memory.phase("generation"):
+            return self.generator.generate(requests)
 
     def set_policy_version(self, version: int) -> None:
         if self.generator is not None:
@@ -75,6 +82,10 @@ class PolicyEndpoint:
     def reseed(self, seed: int) -> None:
         if self.generator is not None:
             self.generator.reseed(seed + 1000 * self.rank)
+
+    def engine_counters(self) -> dict[str, float]:
+        """The colocated engine's cumulative prefix-reuse counters ({} for hf or without a generator)."""
+        return prefix_reuse_counters(self.generator)
 
     def serve_http(self, settings: "PolicyServerSettings") -> str:
         """Serve the colocated generator to gym agents; returns the OpenAI base URL (`http://host:port/v1`)."""
@@ -115,6 +126,43 @@ class PolicyEndpoint:
             self._server.stop()
         if self.generator is not None:
             self.generator.close()
+
+
+class PhasePeaks:
+    """Peak device memory of named phases of a colocated policy process (CUDA only; nothing on CPU).
+
+    A phase may be entered by several threads at once (rollout threads each call `generate`): the peak counter
+    is reset when the first enters and read when the last leaves. Phases of one process do not overlap in time
+    (colocated runs are synchronous: generation, then logprobs, then training).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._lock = threading.Lock()
+        self._inside: dict[str, int] = {}
+        self._peaks: dict[str, int] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.device.type != "cuda":
+            yield
+            return
+        with self._lock:
+            self._inside[name] = self._inside.get(name, 0) + 1
+            if self._inside[name] == 1:
+                torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside[name] -= 1
+                if self._inside[name] == 0:
+                    self._peaks[name] = torch.cuda.max_memory_allocated(self.device)
+
+    def report(self) -> dict[str, float]:
+        """`memory/{phase}_peak_gib` of each phase's latest run."""
+        with self._lock:
+            return {f"memory/{name}_peak_gib": peak / 2**30 for name, peak in self._peaks.items()}
 
 
 class ValueEndpoint:
@@ -213,6 +261,10 @@ class GeneratorEndpoint:
 
     def reseed(self, seed: int) -> None:
         self.generator.reseed(seed + 1000 * self.rank)
+
+    def engine_counters(self) -> dict[str, float]:
+        """This engine's cumulative prefix-reuse counters ({} for hf)."""
+        return prefix_reuse_counters(self.generator)
 
     def close(self) -> None:
         if self._server is not None:

@@ -6,6 +6,7 @@ spreads requests over generator ranks, and the weight sync between them.
           policy hosts (PolicyEndpoint)        generator hosts / colocated      rank 0 -> ranks 1..N
 """
 
+import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,7 +18,11 @@ from asyncppo.distributed.process_group import SyncGroupSpec, WeightSyncError
 from asyncppo.distributed.weight_sync import PushReport, check_checksums
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.rollout.batch import TrainBatch
-from asyncppo.workers.ray_host import WorkerGroup
+from asyncppo.workers.ray_host import WorkerCallError, WorkerGroup
+
+log = logging.getLogger(__name__)
+ENGINE_COUNTERS_TIMEOUT_S = 60.0
+"""Bound on the per-step counter read: it waits for at most one engine step, so longer means something is off."""
 
 
 class RemotePolicy:
@@ -63,6 +68,7 @@ class RemoteGenerator:
     def __init__(self, group: WorkerGroup):
         self.group = group
         self._next_rank = 0
+        self._counters_enabled = True
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         ranks = len(self.group)
@@ -97,6 +103,34 @@ class RemoteGenerator:
     def reseed(self, seed: int) -> None:
         """Restart every engine's sampling generator (each rank offsets the seed by its rank)."""
         self.group.call_all("reseed", seed)
+
+    def engine_counters(self) -> dict[str, float]:
+        """Every rank's cumulative engine counters (`engine_counters` of the endpoints), summed by name.
+
+        One call per rank, gathered together. {} when no engine keeps counters (hf). The counters are only
+        diagnostics: a rank that fails to answer (an endpoint without the method, a timeout) turns them off
+        for the rest of the run with one warning, instead of stopping training.
+        """
+        if not self._counters_enabled:
+            return {}
+        try:
+            answers = self.group.gather(
+                self.group.submit_all("engine_counters"), "engine_counters", timeout_s=ENGINE_COUNTERS_TIMEOUT_S
+            )
+        except WorkerCallError as error:
+            self._counters_enabled = False
+            log.warning("generation engine counters are not reported from now on: %s", error)
+            return {}
+        return sum_counters(answers)
+
+
+def sum_counters(answers: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Per-rank counter dicts summed by name (a name missing from a rank counts 0 there)."""
+    total: dict[str, float] = {}
+    for answer in answers:
+        for name, value in answer.items():
+            total[name] = total.get(name, 0.0) + float(value)
+    return total
 
 
 @dataclass(frozen=True)
