@@ -1,4 +1,4 @@
-"""Clipped MSE value loss: seed-system items (basic, clipping, scale, masking, perfect prediction, metric keys,
+"""Clipped MSE value loss: the NeMo-RL cases (basic, clipping, scale, masking, perfect prediction, metric keys,
 trailing dim), micro-batch invariance, and explained variance rebuilt from the summed statistics."""
 
 import pytest

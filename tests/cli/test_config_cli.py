@@ -51,3 +51,26 @@ def test_config_keys_lists_documented_keys_under_a_prefix():
     assert lines and all(line.startswith("ppo.async_ppo.") for line in lines)
     expected = "ppo.async_ppo.max_trajectory_age_steps (default 1): Staleness window"
     assert any(line.startswith(expected) for line in lines)
+
+
+def test_config_show_drops_the_critic_of_raw_reward_with_one_note():
+    result = _asyncppo(
+        "config", "show", DEMO, "ppo.adv_estimator.name=raw_reward", "ppo.adv_estimator.residual_baseline=false"
+    )
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["value"] is None
+    assert (
+        result.stderr
+        == "note: value: ignored (section dropped): ppo.adv_estimator.name='raw_reward' trains no critic\n"
+    )
+
+
+def test_config_show_rejects_a_ranking_metric_the_run_never_logs():
+    result = _asyncppo("config", "show", DEMO, "checkpointing.keep_top_k=2", "checkpointing.metric_name=val:accuracy")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: checkpointing.metric_name: 'val:accuracy' is not a metric the run logs (NeMo-RL's val:accuracy is "
+        "val:reward_mean here); expected one of val:reward_mean, "
+    )

@@ -1,8 +1,9 @@
-"""Every load-time rule of the config (seed-system.md 4.6 and ours): a rejecting case each, and a valid config."""
+"""Every load-time rule of the config (NeMo-RL's PPO rules and ours): a rejecting case each, and a valid config."""
 
 import pytest
 
 from asyncppo.config import ConfigError, validate_tree
+from asyncppo.config.runtime import RANKING_METRICS
 
 
 def _rejected(tree) -> str:
@@ -78,6 +79,32 @@ def test_raw_reward_needs_no_critic(tree):
     del tree["value"]
     config = validate_tree(tree)
     assert config.value is None and not config.ppo.adv_estimator.uses_critic
+
+
+def test_raw_reward_drops_the_value_section_with_one_note(tree, capsys):
+    # The shipped configs carry a critic section; switching the estimator by one override must not start one.
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
+    config = validate_tree(tree)
+    assert config.value is None and not config.ppo.adv_estimator.uses_critic
+    assert capsys.readouterr().err == (
+        "note: value: ignored (section dropped): ppo.adv_estimator.name='raw_reward' trains no critic\n"
+    )
+    tree["value"] = None  # what `config show` writes: no note when reloaded
+    assert validate_tree(tree).value is None
+    assert capsys.readouterr().err == ""
+
+
+def test_raw_reward_still_validates_the_value_section_it_drops(tree, capsys):
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
+    tree["value"]["train_micro_batchsize"] = 4
+    assert _rejected(tree).startswith("value.train_micro_batchsize: unknown key")
+    assert capsys.readouterr().err == ""
+
+
+def test_raw_reward_has_no_critic_warm_up(tree):
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
+    tree["ppo"]["policy_training_start_step"] = 2
+    assert _rejected(tree).startswith("ppo.policy_training_start_step: 2 asks for a critic-only warm-up")
 
 
 def test_critic_estimators_need_the_value_section(tree):
@@ -219,8 +246,43 @@ def test_generation_length_must_leave_room_for_the_prompt(tree):
 def test_keep_top_k_needs_a_metric(tree):
     tree["checkpointing"] = {"keep_top_k": 2}
     assert _rejected(tree).startswith("checkpointing.metric_name: required when keep_top_k is set")
-    tree["checkpointing"]["metric_name"] = "reward"
-    assert "must start with 'val:' or 'train:'" in _rejected(tree)
+    tree["checkpointing"]["metric_name"] = "train:reward_mean"
+    assert validate_tree(tree).checkpointing.metric_name == "train:reward_mean"
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [("reward", ""), ("val:reward", ""), ("val:accuracy", " (NeMo-RL's val:accuracy is val:reward_mean here)")],
+)
+def test_ranking_metric_must_be_one_the_run_logs(tree, name, hint):
+    tree["checkpointing"] = {"metric_name": name}
+    assert _rejected(tree) == (
+        f"checkpointing.metric_name: {name!r} is not a metric the run logs{hint}; expected one of "
+        f"{', '.join(RANKING_METRICS)}"
+    )
+
+
+def test_keep_top_k_by_a_validation_metric_needs_validations(tree):
+    tree["checkpointing"] = {"keep_top_k": 2, "metric_name": "val:reward_mean"}
+    assert _rejected(tree).startswith("checkpointing.metric_name: 'val:reward_mean' is never logged: the run has no")
+    tree["data"]["validation_fraction"] = 0.1
+    assert _rejected(tree).startswith("checkpointing.metric_name: 'val:reward_mean' ranks checkpoints by validation")
+    tree["ppo"]["val_period"] = 5
+    assert validate_tree(tree).checkpointing.keep_top_k == 2
+
+
+def test_multi_node_is_rejected_until_placement_supports_it(tree):
+    tree["cluster"] = {"num_nodes": 2, "ray_address": "10.0.0.1:6379"}
+    assert _rejected(tree) == (
+        "cluster.num_nodes: 2 is not supported: multi-node placement is not supported yet (use num_nodes: 1)"
+    )
+    tree["cluster"]["num_nodes"] = 1
+    assert validate_tree(tree).cluster.ray_address == "10.0.0.1:6379"
+
+
+def test_the_critic_uses_the_policys_tokenizer(tree):
+    tree["value"]["tokenizer"] = "/models/other"
+    assert _rejected(tree).startswith("value.tokenizer: '/models/other' is not supported: the critic scores")
 
 
 def test_checkpoint_deadline_is_parsed(tree):

@@ -136,7 +136,7 @@ def test_rule_violations_get_400_with_the_reason(
 
 def test_over_long_prompt_message_names_the_context_length(served: tuple[str, CountingGenerator]) -> None:
     response = chat(served[0], [{"role": "user", "content": "x " * 600}])
-    assert "context length" in response.json()["error"]["message"]  # Gym's graceful-stop trigger (4.2 item 4)
+    assert "context length" in response.json()["error"]["message"]  # agents end the rollout gracefully on it
 
 
 def test_top_k_minus_one_and_unknown_model(served: tuple[str, CountingGenerator]) -> None:

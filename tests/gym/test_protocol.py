@@ -1,4 +1,5 @@
-"""Wire models against fixtures shaped like gym-protocol.md 2.5: round trips, ignored extras, rejected input."""
+"""Wire models against fixtures shaped like docs/gym-protocol.md, Policy server: round trips, ignored extras,
+rejected input."""
 
 import json
 from pathlib import Path

@@ -1,5 +1,6 @@
-"""POST /v1/responses: wire models against fixtures shaped like gym-protocol.md 2.4, items <-> chat conversion, and
-a real PolicyServer (scripted generator, tiny tokenizer) keeping a multi-turn tool conversation token-exact."""
+"""POST /v1/responses: wire models against fixtures shaped like docs/gym-protocol.md, Policy server, items <-> chat
+conversion, and a real PolicyServer (scripted generator, tiny tokenizer) keeping a multi-turn tool conversation
+token-exact."""
 
 import json
 from collections.abc import Iterator
@@ -259,7 +260,8 @@ def test_two_turn_tool_call_keeps_a_token_exact_history(two_calls: tuple[str, Sc
     assert [all(field in item for field in TOKEN_FIELDS) for item in output] == [False, False, True]
     seen = output[-1]["prompt_token_ids"] + output[-1]["generation_token_ids"]
     assert turn1["usage"]["total_tokens"] == len(seen)
-    # The agent sends every item back unchanged and adds the tool outputs (gym-protocol.md 3, step 9).
+    # The agent sends every item back unchanged and adds the tool outputs (docs/gym-protocol.md, Multi-turn token
+    # exactness).
     results = [{"type": "function_call_output", "call_id": item["call_id"], "output": "12 C"} for item in output[1:]]
     second = respond(root, question + output + results)
     assert second.status_code == 200, second.text

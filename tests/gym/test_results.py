@@ -1,4 +1,5 @@
-"""Gym `/run` result -> Trajectory (gym/results.py), on fixtures shaped like gym-protocol.md sections 3 and 4.4.
+"""Gym `/run` result -> Trajectory (gym/results.py), on fixtures shaped like docs/gym-protocol.md, sections Agent
+server and From result to trajectory.
 
 The two-turn fixture: turn 0 prompt [1 2 3 4] generates the tool call [5 6 7]; the tool output and the next
 assistant header are [8 9]; turn 1 prompt [1..9] generates [10 11]. So the history is 1..11 and the loss

@@ -81,7 +81,12 @@ def test_async_run_killed_five_times_loses_and_repeats_no_prompt(
     tree = tiny_run_tree(data_dir, max_num_steps=STEPS, val_at_end=False)
     tree["generation"]["colocated"] = {"enabled": False}
     tree["loss_fn"] = {"use_importance_sampling_correction": True}
-    tree["ppo"]["async_ppo"] = {"enabled": True, "max_trajectory_age_steps": 2, "watchdog_timeout_s": 120}
+    tree["ppo"]["async_ppo"] = {
+        "enabled": True,
+        "max_trajectory_age_steps": 2,
+        "watchdog_timeout_s": 120,
+        "log_every": STEPS,  # the books are printed once, after the last step
+    }
     config, run_dir, log = tmp_path / "run.yaml", tmp_path / "run", tmp_path / "driver.log"
     config.write_text(yaml.safe_dump(tree))
     chooser = random.Random(1234)
@@ -118,6 +123,10 @@ def test_async_run_killed_five_times_loses_and_repeats_no_prompt(
     # Every drawn id is trained, dropped with a reason, or still waiting in the buffer / pending list.
     assert trained + dropped + len(books["buffered"]) + len(books["pending"]) == books["next_draw_id"]
     assert log.read_text().count("resumed from") == NUM_KILLS
+    printed = [line for line in log.read_text().splitlines() if line.startswith("async accounting after step")]
+    assert len(printed) == 1 and printed[0].startswith(f"async accounting after step {STEPS}: "), printed
+    # Only `trained` is fixed once the last step ran; the collector keeps drawing until the run closes.
+    assert f" {trained} trained, " in printed[0] and "do not balance" not in printed[0], printed
 
 
 def _demo_validation(run_dir: Path, cache_dir: Path, overrides: list[str]) -> list[float]:

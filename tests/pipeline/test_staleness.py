@@ -1,4 +1,5 @@
-"""Staleness arithmetic, by hand (seed-system.md 1.5 and the "Warmup ages" tests of 6.1)."""
+"""Staleness arithmetic, by hand: target windows, warm-up age boundaries at W and W + train age, freeze-aware
+policy ages, and which targets a group survives to."""
 
 import pytest
 from pipeline_fakes import make_trajectory

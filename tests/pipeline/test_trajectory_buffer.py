@@ -1,4 +1,4 @@
-"""TrajectoryBuffer: reservations, eviction, FIFO take, backpressure, restore (seed-system.md 4.2), ledger."""
+"""TrajectoryBuffer: reservations, eviction, FIFO take, backpressure, restore on resume, ledger."""
 
 import io
 
@@ -16,7 +16,13 @@ from asyncppo.pipeline.buffer import (
     SURPLUS,
     TrajectoryBuffer,
 )
-from asyncppo.pipeline.ledger import AccountingError, AccountingLedger, IdRanges, find_accounting_problems
+from asyncppo.pipeline.ledger import (
+    AccountingError,
+    AccountingLedger,
+    AccountingReport,
+    IdRanges,
+    find_accounting_problems,
+)
 from asyncppo.pipeline.plain_state import check_plain_data, trajectory_from_state, trajectory_to_state
 
 
@@ -35,7 +41,8 @@ def roundtrip(state: dict) -> dict:
 
 
 def seed_restore_state() -> dict:
-    # seed-system.md 6.5: generation versions [0, 1, 1, 2], targets [1, 2, 2, 3], N = 2.
+    # Generation versions [0, 1, 1, 2], targets [1, 2, 2, 3], N = 2: resuming at step 2, target 2 is complete
+    # and target 3 is not.
     buffer = TrajectoryBuffer(num_groups_per_step=2, max_size=8)
     fill(buffer, [(0, 0, 1), (1, 1, 2), (2, 1, 2), (3, 2, 3)])
     return roundtrip(buffer.state_dict())
@@ -169,3 +176,20 @@ def test_ledger_refuses_to_account_a_draw_twice():
     assert find_accounting_problems(restored_ledger, buffered=[3], pending=[4], next_draw_id=5) == []
     problems = find_accounting_problems(restored_ledger, buffered=[3, 1], pending=[], next_draw_id=6)
     assert problems == ["draw id 1 is in ['trained', 'buffered']", "2 draw ids are unaccounted for: [4, 5]"]
+
+
+def test_accounting_summary_is_one_line_of_counts():
+    # What the driver prints every ppo.async_ppo.log_every steps.
+    report = AccountingReport(
+        trained=[(0, 6), (8, 10)],
+        dropped={STALE: [(6, 7)], MISSED_TARGET: [(7, 8)]},
+        buffered=[10, 11],
+        pending=[12],
+        next_draw_id=13,
+        problems=[],
+    )
+    assert report.summary() == (
+        "13 prompts drawn: 8 trained, 2 dropped (missed_target 1, stale 1), 2 buffered, 1 pending"
+    )
+    report.problems = ["2 draw ids are unaccounted for: [13, 14]"]
+    assert report.summary().endswith("1 pending; the books do not balance: 2 draw ids are unaccounted for: [13, 14]")

@@ -27,7 +27,7 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) with masked mean and unbiased masked variance; 0 where mask == 0.
 
-    The mean is not restored (advantages become zero-mean), matching the seed system.
+    The mean is not restored (advantages become zero-mean), matching NeMo-RL.
     """
     mean = masked_mean(x, mask)
     var = masked_var(x, mask, unbiased=True)

@@ -2,7 +2,7 @@
 
 Called by `advantages.compute_advantages` when the estimator is `raw_reward`. Shapes: B batch, S sequence.
 
-A run with this estimator has NO critic: there are no returns to train one on. The seed system kept running the
+A run with this estimator has NO critic: there are no returns to train one on. NeMo-RL kept running the
 critic forward and training it on the missing returns, a bug we do not copy; `advantages.estimator_needs_critic`
 tells the trainer to build no value model.
 """

@@ -1,6 +1,6 @@
 """Reward processing before advantages: linear rescaling, DAPO overlong shaping, overlong filtering.
 
-Called by the driver's step function on each batch, in this order (seed-system.md 2.9):
+Called by the driver's step function on each batch, in this order, as NeMo-RL applies them:
 scale_rewards -> shape_overlong_rewards -> overlong_filter_mask. Shapes: B samples.
 """
 

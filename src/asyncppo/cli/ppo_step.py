@@ -111,7 +111,7 @@ def _response_lengths(batch: TrainBatch) -> torch.Tensor:
 
 
 def process_rewards(settings: StepSettings, batch: TrainBatch) -> TrainBatch:
-    """Scaling, then overlong shaping, then overlong filtering (seed-system.md 2.9 order)."""
+    """Scaling, then overlong shaping, then overlong filtering, in the order NeMo-RL applies them."""
     rewards = batch.rewards
     if settings.reward_scaling is not None:
         scaling = settings.reward_scaling

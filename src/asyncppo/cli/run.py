@@ -181,6 +181,13 @@ class Run:
             self.value.group.call_all("warm_start", path)
             print(f"critic warm-started from {path} (weights only, fresh optimizer)", flush=True)
 
+    def log_accounting(self, step: int) -> None:
+        """Print the async books after `step` (ppo.async_ppo.log_every); sync runs keep none, so nothing prints."""
+        accounting = getattr(self.source, "accounting", None)
+        if accounting is None:
+            return
+        print(f"async accounting after step {step}: {accounting().summary()}", flush=True)
+
     def save(self, step: int, metrics: dict[str, float], policy_has_trained: bool) -> Path | None:
         """Write checkpoint `step_<step>` (the state after `step` completed steps)."""
         if self.checkpoints is None:

@@ -3,7 +3,8 @@
     build_run -> restore -> [validate] -> for each step: batch = source.next_batch(step)
                                                          [privileged critic prefixes from the trajectories]
                                                          ppo_step(batch) -> publish weights (version step+1)
-                                                         validate every val_period -> log -> checkpoint
+                                                         validate every val_period -> log
+                                                         [async: print the books every log_every steps] -> checkpoint
 One loop for sync and async PPO: they differ only in the batch source (pipeline/sources.py), which also
 hears about each weight update (the async collector drains or pauses around it).
 """
@@ -71,6 +72,8 @@ def train(run: Run) -> None:
         metrics.update(run.rollout_metrics())  # cumulative, so read last: validation's rollouts count too
         metrics.update(run.generation_metrics())  # since the last read: this step's validation counts too
         run.metrics.log(completed, metrics)
+        if _accounting_due(ppo.async_ppo.log_every, completed):
+            run.log_accounting(completed)
         out_of_time = deadline is not None and time.monotonic() - run_started >= deadline
         if run.config.checkpointing.enabled and (
             _due(run.config.checkpointing.save_period, completed) or completed == ppo.max_num_steps or out_of_time
@@ -85,6 +88,11 @@ def train(run: Run) -> None:
 
 def _due(period: int, completed: int) -> bool:
     return period > 0 and completed % period == 0
+
+
+def _accounting_due(log_every: int | None, completed: int) -> bool:
+    """ppo.async_ppo.log_every: every N steps, 0 never, null every step."""
+    return log_every is None or _due(log_every, completed)
 
 
 def _plot_mismatch(run: Run, output: StepOutput, step: int, metrics: dict[str, float]) -> None:
@@ -103,7 +111,7 @@ def _plot_mismatch(run: Run, output: StepOutput, step: int, metrics: dict[str, f
 
 
 def _dump_rollouts(run: Run, output: StepOutput, step: int, metrics: dict[str, float]) -> None:
-    """Per-token values, advantages and logprobs of the step (seed-system.md 4.5), for offline analysis."""
+    """Per-token values, advantages and logprobs of the step, for offline analysis."""
     from asyncppo.metrics.rollout_dump import write_rollout_dump
 
     turn_mode = run.config.ppo.adv_estimator.name == "turn_gae"

@@ -4,7 +4,10 @@ Every section forbids unknown keys (so a typo never becomes a silent default) an
 description from the docstring written under it, which `asyncppo config keys` prints.
 """
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo
+
+NOTES_CONTEXT_KEY = "notes"
+"""Key of the validation context list that collects notes (`validate_tree` passes one and prints it)."""
 
 
 class Section(BaseModel):
@@ -34,3 +37,14 @@ class RuleError(ValueError):
         super().__init__(f"{key}: {message}")
         self.key = key
         self.message = message
+
+
+def add_note(info: ValidationInfo, text: str) -> None:
+    """Tell the user about a key the loader accepted but does not use, with why (one line, shown on stderr).
+
+    Notes go to the list `validate_tree` passes in the validation context; validation without one (a direct
+    `RunConfig.model_validate`) applies the same rule silently.
+    """
+    context = info.context
+    if isinstance(context, dict) and isinstance(context.get(NOTES_CONTEXT_KEY), list):
+        context[NOTES_CONTEXT_KEY].append(text)

@@ -6,13 +6,14 @@ files --defaults merge--> tree --overrides (typed by the schema)--> RunConfig.mo
                                                  ConfigError: one line per problem, full key paths
 """
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from asyncppo.config.base import RuleError
+from asyncppo.config.base import NOTES_CONTEXT_KEY, RuleError
 from asyncppo.config.schema import RunConfig
 from asyncppo.config.schema_walk import UnknownKeyError, accepts_plain_string, find_field, suggest
 
@@ -126,11 +127,19 @@ def _format_error(error: Any) -> str:
 
 
 def validate_tree(tree: dict[str, Any]) -> RunConfig:
-    """Validate a merged config tree; raises ConfigError with one line per problem."""
+    """Validate a merged config tree; raises ConfigError with one line per problem.
+
+    Keys the rules accept but drop (a `value` section under raw_reward) are reported as `note: ...` lines on
+    stderr, so an ignored setting is never silent.
+    """
+    notes: list[str] = []
     try:
-        return RunConfig.model_validate(tree)
+        config = RunConfig.model_validate(tree, context={NOTES_CONTEXT_KEY: notes})
     except ValidationError as error:
         raise ConfigError([_format_error(e) for e in error.errors()]) from None
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return config
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

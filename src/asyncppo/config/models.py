@@ -142,11 +142,25 @@ class ValueModelConfig(TrainedModelConfig):
 
     model_name: str | None = None
     """Causal LM directory (fresh zero head) or a saved value model; null = the policy's model_name."""
+    tokenizer: str | None = None
+    """Must be null: the critic scores the policy's token ids, so it uses the policy's tokenizer (model.tokenizer)."""
     warm_start_path: str | None = None
     """A saved value model (e.g. a `value/` checkpoint directory) whose weights start a fresh run, with a fresh
     optimizer and schedule; ignored when resuming from a checkpoint."""
     privileged_critic: PrivilegedCriticConfig = PrivilegedCriticConfig()
     """A reference block from the row's task fields that only the critic reads (asymmetric actor-critic)."""
+
+    @model_validator(mode="after")
+    def _check_tokenizer(self) -> Self:
+        # The shared field stays in the schema so a value section may mirror the policy's keys; a set value
+        # would be silently ignored, since the workers load the one tokenizer the trajectories were made with.
+        if self.tokenizer is not None:
+            raise RuleError(
+                "tokenizer",
+                f"{self.tokenizer!r} is not supported: the critic scores the policy's token ids with the policy's "
+                "tokenizer (model.tokenizer); remove value.tokenizer",
+            )
+        return self
 
     @property
     def critic_max_total_sequence_length(self) -> int:

@@ -1,7 +1,7 @@
 """Config sections of the PPO algorithm: `ppo` with its `adv_estimator` and `async_ppo` blocks.
 
-Keys follow the seed system's names so its configs port over. The estimator keys it reads without a
-default stay required here (seed-system.md 4.6): a run never silently picks a lambda or a baseline.
+Keys follow NeMo-RL's names so its configs port over. The estimator keys it reads without a
+default stay required here, as NeMo-RL requires them: a run never silently picks a lambda or a baseline.
 """
 
 from typing import Literal, Self
@@ -126,8 +126,9 @@ class AsyncPPOConfig(Section):
     which would bias the batch toward short, fast rollouts."""
     watchdog_timeout_s: float = Field(default=600.0, gt=0)
     """Fail the run when the trajectory buffer makes no progress for this many seconds."""
-    log_every: NonNegativeInt | None = 500
-    """Print collector and buffer events every N events; 0 silences them, null prints every one."""
+    log_every: NonNegativeInt | None = 50
+    """Print the prompt accounting (drawn, trained, dropped by reason, buffered, pending; any imbalance) every N
+    steps; 0 never, null every step. Each checkpoint also writes it in full to accounting.json."""
 
 
 class RewardShapingConfig(Section):
@@ -248,6 +249,12 @@ class PPOConfig(Section):
         if self.log_rollout_dump and self.rollout_dump_period is None:
             raise RuleError("rollout_dump_period", "required when log_rollout_dump is true")
         estimator = self.adv_estimator
+        if not estimator.uses_critic and self.policy_training_start_step > 0:
+            raise RuleError(
+                "policy_training_start_step",
+                f"{self.policy_training_start_step} asks for a critic-only warm-up, but adv_estimator.name="
+                f"{estimator.name!r} trains no critic (those steps would train nothing): set it to 0",
+            )
         if estimator.residual_baseline:
             if abs(estimator.gamma - 1.0) > 1e-8:
                 key = "gae_gamma" if estimator.name == "gae" else "turn_gae_gamma"

@@ -195,7 +195,7 @@ class ClusterConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` uses CUDA when available."""
     num_nodes: PositiveInt = 1
-    """Nodes of the cluster."""
+    """Nodes of the cluster; only 1 is supported (kept so NeMo-RL configs port: a larger value is an error)."""
     gpus_per_node: NonNegativeInt = 0
     """GPUs per node; 0 on CPU machines."""
     ray_address: str | None = None
@@ -203,14 +203,41 @@ class ClusterConfig(Section):
 
     @model_validator(mode="after")
     def _check_nodes(self) -> Self:
-        if self.num_nodes > 1 and self.ray_address is None:
+        # Nothing places workers per node and weight sync rendezvous on 127.0.0.1, so a larger value would be
+        # ignored (or fail mid-run on a multi-node Ray cluster): reject it at load time instead.
+        if self.num_nodes != 1:
             raise RuleError(
-                "ray_address", f"required when num_nodes={self.num_nodes} > 1 (a local cluster is one node)"
+                "num_nodes",
+                f"{self.num_nodes} is not supported: multi-node placement is not supported yet (use num_nodes: 1)",
             )
         return self
 
     num_cpus: PositiveInt | None = None
     """CPUs given to a local Ray cluster; null = all."""
+
+
+# What checkpointing.metric_name may rank by: every metric the driver logs under val/ (cli/run.py, Run.validate)
+# and train/ (cli/ppo_step.py), written `val:<key>` / `train:<key>`. A name outside this list is never logged, so
+# keep_top_k would silently keep the newest checkpoints; tests/cli/test_ranking_metrics.py keeps it in step with
+# the logged keys.
+RANKING_METRICS: tuple[str, ...] = (
+    "val:reward_mean",
+    "val:response_length_mean",
+    "val:turns_per_sample",
+    "val:num_samples",
+    "val:failed_groups",
+    "train:reward_mean",
+    "train:processed_reward_mean",
+    "train:reward_std",
+    "train:response_length_mean",
+    "train:response_length_max",
+    "train:sequence_length_mean",
+    "train:truncated_frac",
+    "train:num_samples",
+    "train:policy_trained",
+)
+# NeMo-RL's names for metrics logged here under another name, so a ported config's error says what to write.
+_NEMO_RL_METRIC_NAMES = {"val:accuracy": "val:reward_mean"}
 
 
 class CheckpointingConfig(Section):
@@ -225,18 +252,12 @@ class CheckpointingConfig(Section):
     keep_top_k: PositiveInt | None = None
     """Keep the best k checkpoints by metric_name (the newest is always kept); null keeps all."""
     metric_name: str | None = None
-    """Ranking metric, `val:<key>` or `train:<key>`; required with keep_top_k."""
+    """Ranking metric, one the run logs: `val:reward_mean` (mean validation reward), `train:reward_mean`, ...
+    (an unknown name is rejected with the full list); required with keep_top_k."""
     higher_is_better: bool = True
     """Direction of metric_name."""
     checkpoint_must_save_by: str | None = None
     """Wall-clock budget `DD:HH:MM:SS`; when it runs out the run saves and stops."""
-
-    @field_validator("metric_name")
-    @classmethod
-    def _check_metric_name(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("val:", "train:")):
-            raise ValueError(f"{value!r} must start with 'val:' or 'train:'")
-        return value
 
     @field_validator("checkpoint_must_save_by")
     @classmethod
@@ -248,9 +269,17 @@ class CheckpointingConfig(Section):
         return value
 
     @model_validator(mode="after")
-    def _check_top_k(self) -> Self:
+    def _check_ranking(self) -> Self:
         if self.keep_top_k is not None and self.metric_name is None:
             raise RuleError("metric_name", "required when keep_top_k is set")
+        if self.metric_name is not None and self.metric_name not in RANKING_METRICS:
+            alias = _NEMO_RL_METRIC_NAMES.get(self.metric_name)
+            hint = f" (NeMo-RL's {self.metric_name} is {alias} here)" if alias else ""
+            raise RuleError(
+                "metric_name",
+                f"{self.metric_name!r} is not a metric the run logs{hint}; "
+                f"expected one of {', '.join(RANKING_METRICS)}",
+            )
         return self
 
     @property

@@ -4,11 +4,11 @@ Builders in `cli/` read this tree and hand plain arguments to components; nothin
 a config object whole (the "no intrusive configs" rule).
 """
 
-from typing import Self
+from typing import Any, Self
 
-from pydantic import model_validator
+from pydantic import ModelWrapValidatorHandler, ValidationInfo, model_validator
 
-from asyncppo.config.base import RuleError, Section
+from asyncppo.config.base import RuleError, Section, add_note
 from asyncppo.config.losses import PolicyLossConfig, ValueLossConfig
 from asyncppo.config.models import PolicyModelConfig, ValueModelConfig
 from asyncppo.config.ppo import PPOConfig
@@ -29,7 +29,8 @@ class RunConfig(Section):
     model: PolicyModelConfig
     """The policy model and its training."""
     value: ValueModelConfig | None = None
-    """The critic and its training; required unless ppo.adv_estimator.name is raw_reward (no critic)."""
+    """The critic and its training; required unless ppo.adv_estimator.name is raw_reward, which trains no critic
+    (a value section is then validated, dropped and reported as ignored)."""
     data: DataConfig
     """Training and validation data."""
     generation: GenerationConfig = GenerationConfig()
@@ -57,6 +58,7 @@ class RunConfig(Section):
         self._check_async()
         self._check_kl()
         self._check_gym()
+        self._check_ranking_metric()
         if self.reward_penalties.any_enabled and not self.env.should_use_nemo_gym:
             raise RuleError(
                 "reward_penalties",
@@ -78,6 +80,25 @@ class RunConfig(Section):
                 f"model.max_total_sequence_length={self.model.max_total_sequence_length}",
             )
         return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _drop_unused_critic(cls, data: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo) -> Self:
+        """raw_reward trains no critic, so a `value` section is dropped (with a note) and no value worker is built.
+
+        Configs switch estimators by one override and keep their critic section, so it is not an error. The
+        section is validated first: its typos and rules (e.g. an enabled privileged critic) are still reported.
+        Defined after `_check_cross_section_rules` so that it wraps it: the rules see the section it drops.
+        """
+        config = handler(data)
+        if config.value is None or config.ppo.adv_estimator.uses_critic:
+            return config
+        add_note(
+            info,
+            f"value: ignored (section dropped): ppo.adv_estimator.name={config.ppo.adv_estimator.name!r} "
+            "trains no critic",
+        )
+        return config.model_copy(update={"value": None})
 
     def _check_gym(self) -> None:
         if not self.env.should_use_nemo_gym:
@@ -109,6 +130,25 @@ class RunConfig(Section):
             raise RuleError(
                 "value_loss_fn.homogeneous_group_weight",
                 f"{weight} needs ppo.adv_estimator.residual_baseline: true (homogeneous groups are defined by it)",
+            )
+
+    def _check_ranking_metric(self) -> None:
+        """keep_top_k by a val: metric needs validations to rank by; without them it silently keeps the newest."""
+        metric = self.checkpointing.metric_name
+        if self.checkpointing.keep_top_k is None or metric is None or not metric.startswith("val:"):
+            return
+        if self.data.validation_path is None and self.data.validation_fraction == 0:
+            raise RuleError(
+                "checkpointing.metric_name",
+                f"{metric!r} is never logged: the run has no validation rows (set data.validation_path or "
+                "data.validation_fraction > 0, or rank by a train: metric)",
+            )
+        if self.ppo.val_period == 0:
+            raise RuleError(
+                "checkpointing.metric_name",
+                f"{metric!r} ranks checkpoints by validation, but ppo.val_period=0 never validates during the run "
+                "(set ppo.val_period: checkpoints saved at a validation are ranked, the others pruned first; or rank "
+                "by a train: metric)",
             )
 
     def _check_async(self) -> None:

@@ -6,7 +6,7 @@ checkpoints. Within an epoch a torchdata StatefulDataLoader tracks the position;
     epoch e:  order = permutation(seed, e)  ->  StatefulDataLoader(rows, sampler=order, drop_last)  ->  batches
               loader exhausted  ->  epoch e + 1 with a fresh loader (until max_epochs, or forever)
 
-Two StatefulDataLoader traps shape this (machine-notes.md): a loader restored from a state saved right at the
+Two StatefulDataLoader traps, both observed with torchdata, shape this: a loader restored from a state saved at the
 end of an epoch yields nothing, and a loader that shuffles with its own generator reshuffles later epochs
 differently after a resume. Here every epoch's order is a pure function of (seed, epoch), and an exhausted
 restored loader just advances the stream to the next epoch like any other.

@@ -1,8 +1,8 @@
 """Chat messages to the exact prompt token ids, and generated text back to content and tool calls.
 
 Called by the policy server (`gym/policy_server.py`). The prefix splice keeps a multi-turn conversation
-token-exact (gym-protocol.md 4.3): earlier turns enter the prompt as the ids the engine saw and sampled, not as
-a re-rendering of their decoded text.
+token-exact (docs/gym-protocol.md, Multi-turn token exactness): earlier turns enter the prompt as the ids the
+engine saw and sampled, not as a re-rendering of their decoded text.
 """
 
 import json

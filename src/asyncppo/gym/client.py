@@ -8,8 +8,9 @@ Called by the rollout workers; conversion of one result lives in `gym/results.py
 
 An asyncio httpx client (not threads): a rollout spends minutes waiting on one socket, so hundreds of them
 in flight cost one event loop instead of hundreds of threads, and `asyncio.timeout` gives a deadline that
-also cancels the backoff sleeps. Gym's own loops retry forever (gym-protocol.md 5.1); here every retry,
-wait and failure is bounded, and counted in `metrics()`.
+also cancels the backoff sleeps. NeMo-Gym's own HTTP loops retry connection failures forever; here every retry,
+wait and failure is bounded, and counted in `metrics()` (docs/gym-protocol.md, Retries, deadlines and failure
+counting).
 """
 
 import asyncio
@@ -27,7 +28,7 @@ import yaml
 from asyncppo.gym.results import quote, trajectory_from_result
 from asyncppo.rollout.trajectory import Trajectory
 
-# Statuses after which the agent may well succeed on a rerun (infrastructure, not data; gym-protocol.md 5.1).
+# Statuses (besides 5xx) after which the agent may well succeed on a rerun: infrastructure, not data.
 RETRYABLE_STATUSES = frozenset({408, 429})
 # Seconds a head server may take to answer the config lookup.
 HEAD_SERVER_TIMEOUT_S = 30.0
@@ -171,7 +172,8 @@ class GymClient:
                     f"of {self._rollout_deadline_s} s (after {time.monotonic() - start:.1f} s, retries included)"
                 ) from None
         self._counters["rollouts_succeeded"] += 1
-        # Gym's judge failsafe answers 200 with reward 0 (gym-protocol.md 2.3): trained on as a real 0, but counted.
+        # A failed LLM judge answers 200 with reward 0 (docs/gym-protocol.md, Judge failsafe): trained as a real 0,
+        # but counted.
         if result.get("_ng_failure_class") == JUDGE_FAILED:
             self._counters["judge_failures"] += 1
         return result

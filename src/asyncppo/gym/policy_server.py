@@ -1,7 +1,7 @@
 """The policy HTTP server: an OpenAI-compatible FastAPI app in front of a Generator, plus a uvicorn runner.
 
 Gym agents (through Gym's `vllm_model`) call it for every model turn; the trainer or `asyncppo gym serve`
-starts it. Contract: gym-protocol.md 2.5 and 4.2.
+starts it. Contract: docs/gym-protocol.md, sections Policy server and Sampling and error bodies.
 
     POST /v1/chat/completions --> check sampling profile --> ChatEngine.complete:
          build_prompt (prefix splice) --> Generator.submit --> parse_generation
@@ -74,7 +74,7 @@ def _error_response(status: int, message: str) -> JSONResponse:
 def check_sampling(request: SamplingKnobs, train: SamplingProfile, validation: SamplingProfile) -> None:
     """RequestError(400) unless the request samples exactly as the train or the validation profile does.
 
-    Agents issue their own requests, so this is the one place that keeps sampling on-policy (4.2 item 5).
+    Agents issue their own requests, so this is the one place that keeps sampling on-policy.
     """
     if request.top_k is not None and request.top_k != -1:
         raise RequestError(400, f"top_k={request.top_k} is not allowed: leave it unset or -1")
@@ -178,7 +178,7 @@ def create_policy_app(
     max_model_len: int,
     api_key: str | None,
 ) -> FastAPI:
-    """The FastAPI app serving `generator` under `model_name` (routes: module docstring and gym-protocol.md 2.5).
+    """The FastAPI app serving `generator` under `model_name` (routes: docs/gym-protocol.md, Policy server).
 
     Handlers never block the event loop on the engine: they await the Generator's future, so concurrent HTTP
     requests are queued together and share the engine's batches. `api_key` (when set) is required as
@@ -277,7 +277,7 @@ class PolicyServer:
     """Runs an app with uvicorn on a background thread, on a port reserved at construction.
 
     The listening socket is bound in __init__, so `url` can be handed to Gym before the model is loaded and
-    start() is called (4.2 item 7: clients then wait on a port that exists). start() returns once GET /health
+    start() is called (clients then wait on a port that exists). start() returns once GET /health
     answers; stop() shuts uvicorn down, joins the thread and closes the socket, freeing the port.
     """
 

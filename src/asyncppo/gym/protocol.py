@@ -1,12 +1,12 @@
 """Pydantic models of the OpenAI-style chat wire format that the policy server serves and the gym code reads.
 
-Shapes follow `reference/gym-protocol.md` 2.5 and 4.2: assistant messages may carry the token bundle
-(`prompt_token_ids`, `generation_token_ids`, `generation_log_probs`) in both directions.
+Shapes: docs/gym-protocol.md, sections Policy server and Token fields. Assistant messages may carry the token
+bundle (`prompt_token_ids`, `generation_token_ids`, `generation_log_probs`) in both directions.
 
 Unknown fields, per model:
 - ChatCompletionRequest, RequestMessage, ToolCall, FunctionCall: accepted and ignored. OpenAI clients and Gym's
   `vllm_model` send extras (`chat_template_kwargs`, `metadata`, `parallel_tool_calls`, `tool_choice`,
-  `reasoning_effort`, `reasoning_content`, `routed_experts`, ...) that must not fail (4.2 item 1). Extras that
+  `reasoning_effort`, `reasoning_content`, `routed_experts`, ...) that must not fail the request. Extras that
   would change the sampled distribution are declared fields instead, so the server can reject them (see
   `OFF_POLICY_KNOBS`) rather than silently sample from something else.
 - ChatCompletionResponse and its parts: accepted and ignored, because we also read responses of other servers
@@ -99,8 +99,8 @@ class RequestMessage(TokenFields):
 
 class SamplingKnobs(BaseModel):
     """Sampling fields of both request kinds. The server checks them (`check_sampling`), not the model, so a
-    wrong profile gets the 400 body of gym-protocol.md 2.5 instead of a 422; the off-policy ones are declared
-    only so that they can be rejected (see OFF_POLICY_KNOBS)."""
+    wrong profile gets the 400 body of docs/gym-protocol.md, Sampling and error bodies, instead of a 422; the
+    off-policy ones are declared only so that they can be rejected (see OFF_POLICY_KNOBS)."""
 
     model_config = ConfigDict(extra="ignore")
     temperature: float | None = None

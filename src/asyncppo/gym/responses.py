@@ -1,7 +1,8 @@
 """The OpenAI Responses API of the policy server: wire models, and Responses items to chat messages and back.
 
 `policy_server.py` serves `POST /v1/responses` with these; generation itself is the chat completions path. This
-is what Gym's `vllm_model` does in front of a chat server (gym-protocol.md 2.4, data model 2.6), done in-process:
+is what Gym's `vllm_model` proxy does in front of a chat server, done in-process (docs/gym-protocol.md, Policy
+server):
 
     ResponsesRequest{instructions, input items, tools}
       --chat_messages / chat_tools--> [system, user, assistant{"<think>..</think>text", tool_calls, tokens}, tool]

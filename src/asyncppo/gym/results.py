@@ -1,4 +1,6 @@
-"""Turn one gym `/run` result into a token-exact Trajectory (gym-protocol.md 4.4); called by `gym/client.py`.
+"""Turn one gym `/run` result into a token-exact Trajectory; called by `gym/client.py`.
+
+Contract: docs/gym-protocol.md, From result to trajectory.
 
 A result's `response.output` lists the items of the rollout in order. Every item with a non-empty
 `generation_token_ids` is one model call (one turn k). Its `prompt_token_ids` must start with the history
@@ -41,7 +43,8 @@ def trajectory_from_result(
 
     Raises ValueError when the result has no model call with generated tokens (the agent died before its
     first model request, or the first prompt overflowed the context), when a turn's prompt does not start
-    with the history so far (re-tokenisation drift, gym-protocol.md 4.3), or when a field is malformed.
+    with the history so far (re-tokenisation drift, docs/gym-protocol.md, Multi-turn token exactness), or when a
+    field is malformed.
     """
     response = result.get("response")
     if not isinstance(response, Mapping) or not isinstance(response.get("output"), list):

@@ -20,7 +20,7 @@ processing), sample_loss_mask, input_length, prompt_length, num_response_tokens 
 and generation_index (from group_id, in order of appearance), group_id, policy_version, truncated; content (texts)
 when given. Packed per-policy-token arrays [N] (tokens with token_mask 1, sample by sample): token_sample_index,
 token_sequence_position, token_response_position (= position - prompt_length), token_ids, generation_logprobs,
-old_logprobs (the pre-update trainer logprobs; 'prev_logprobs' in the seed system), advantages (after whitening),
+old_logprobs (the pre-update trainer logprobs; 'prev_logprobs' in NeMo-RL), advantages (after whitening),
 values (when the run has a critic), returns, reference_policy_logprobs and is_anchor (turn credit: returns are
 critic targets only where is_anchor is true; filter before averaging). Optional keys are absent, never None.
 Scalars: step, num_generations_per_prompt, credit_level, adv_raw_mean, adv_raw_std (before whitening)."""

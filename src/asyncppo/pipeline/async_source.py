@@ -68,9 +68,9 @@ class AsyncBatchSource:
     def next_batch(self, step: int) -> StepBatch:
         """Step `step`'s N groups, once they are complete AND step + 1 is covered (complete or reserved).
 
-        The second condition is the #3828 rule (seed-system.md 7), applied at every step rather than only at
-        startup: after this step the driver publishes version step + 1, whose window starts at step + 2, so any
-        group of step + 1 not reserved by then would never get a producer.
+        The second condition prevents a deadlock that resumed async runs otherwise hit, and is applied at every step
+        rather than only at startup: after this step the driver publishes version step + 1, whose window starts at
+        step + 2, so any group of step + 1 not reserved by then would never get a producer.
         """
         self.start()
         if step != self._next_step:

@@ -265,7 +265,7 @@ class TrajectoryBuffer:
     def load_state_dict(
         self, state: dict[str, Any], step: int, *, drop_incomplete_targets: bool, max_age_of_step: Callable[[int], int]
     ) -> None:
-        """Restore for a run resuming at `step` (seed-system.md 4.2), recording every group it drops.
+        """Restore for a run resuming at `step`, recording every group it drops.
 
         Groups targeting steps before `step` go; so do groups that some take() before their target would evict.
         Targets with all N groups are replayed exactly. Incomplete targets are dropped (drop_incomplete_targets,

@@ -143,6 +143,17 @@ class AccountingReport:
     problems: list[str]
     """Missing or doubly accounted ids (empty when the books balance)."""
 
+    def summary(self) -> str:
+        """The books in one line of counts: drawn, trained, dropped by reason, buffered, pending, problems."""
+        trained = sum(end - start for start, end in self.trained)
+        dropped = {reason: sum(end - start for start, end in ids) for reason, ids in sorted(self.dropped.items())}
+        by_reason = ", ".join(f"{reason} {count}" for reason, count in dropped.items())
+        line = (
+            f"{self.next_draw_id} prompts drawn: {trained} trained, {sum(dropped.values())} dropped"
+            f"{f' ({by_reason})' if by_reason else ''}, {len(self.buffered)} buffered, {len(self.pending)} pending"
+        )
+        return f"{line}; the books do not balance: {'; '.join(self.problems)}" if self.problems else line
+
 
 def find_accounting_problems(
     ledger: AccountingLedger, buffered: Iterable[int], pending: Iterable[int], next_draw_id: int

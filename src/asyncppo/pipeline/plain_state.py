@@ -2,7 +2,7 @@
 
 The TrajectoryBuffer saves its groups and the Collector its pending rows through these, so a checkpoint is
 dicts, lists, numbers, strings and tensors only: torch.save writes it and torch.load(weights_only=True) reads
-it back without unpickling arbitrary objects (DESIGN.md, Checkpoint).
+it back without unpickling arbitrary objects, so loading a checkpoint cannot run code.
 
     Trajectory --trajectory_to_state--> {"token_ids": int64 tensor, ..., "task": plain dict} --torch.save-->
     Trajectory <--trajectory_from_state-- dict <--torch.load(weights_only=True)--

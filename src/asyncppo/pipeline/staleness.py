@@ -104,6 +104,6 @@ class AgeSchedule:
 
     def collectable_targets(self, generation_version: int, initial_version: int) -> list[int]:
         """Targets the collector may reserve at this version: the lead window, minus targets its groups would
-        not survive to (seed-system.md 1.5 banks them and evicts them later; we never generate them)."""
+        not survive to (NeMo-RL's collector generates such groups and evicts them later; we never generate them)."""
         window = target_window(generation_version, initial_version, self.lead_age(generation_version))
         return [target for target in window if survives_until(generation_version, target, self.sample_max_age)]

@@ -1,4 +1,4 @@
-"""Reward penalties (seed-system.md 2.9): zero the reward of gym trajectories that misbehave, before advantages.
+"""Reward penalties: zero the reward of gym trajectories that misbehave, before advantages.
 
 Called by the gym rollout runner on each finished group, so the zeroed reward is what GAE sees. Only the
 assistant spans of a trajectory (what the policy generated, one span per model call) are inspected:

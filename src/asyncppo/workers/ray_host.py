@@ -10,7 +10,7 @@ knows they run in Ray actors. Calls wait with a timeout and re-raise the worker'
 
 import os
 
-# Ray reads these at import: without them a local cluster listens on every interface (machine-notes.md).
+# Ray reads these at import: without them a local cluster listens on every interface, not only loopback.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")

@@ -1,4 +1,4 @@
-"""The built-in `simple_agent` (gym-protocol.md 2.2 and 3): `POST /run` plays one rollout of a dataset row.
+"""The built-in `simple_agent` (docs/gym-protocol.md, Agent server): `POST /run` plays one rollout of a dataset row.
 
 Run by `servers/launch.py`; called by GymClient. It talks Chat Completions straight to the policy server (no
 Responses-API proxy in between) and returns the verify response in the shape `gym/results.py` converts:
@@ -24,10 +24,11 @@ from pydantic import BaseModel, ConfigDict
 
 from asyncppo.gym.results import quote
 
-# Routes of the resources server itself, which a model-chosen tool name must never reach (gym-protocol.md 2.3).
+# Routes of the resources server itself, which a model-chosen tool name must never reach.
 RESERVED_TOOL_NAMES = frozenset({"seed_session", "verify", "aggregate_metrics", "mcp", "health"})
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-# A policy server's 400 for a prompt over the context (gym-protocol.md 2.5) contains this phrase.
+# A policy server's 400 for a prompt over the context (docs/gym-protocol.md, Sampling and error bodies) contains
+# this phrase.
 CONTEXT_FULL = "context length"
 
 

@@ -1,4 +1,4 @@
-"""The built-in head server (gym-protocol.md 2.1): the address book GymClient reads to find agents.
+"""The built-in head server (docs/gym-protocol.md, Head server): the address book GymClient reads to find agents.
 
 `servers/launch.py` builds the config with `gym_config` and serves it; `GET /global_config_dict_yaml` answers a
 JSON string holding the YAML text, which `gym/client.py` `agent_urls_from_config` parses.

@@ -1,4 +1,6 @@
-"""Built-in resources servers (gym-protocol.md 2.3): `math`, `weather`, `session_counter` and `multi_step` (FastAPI).
+"""Built-in resources servers: `math`, `weather`, `session_counter` and `multi_step` (FastAPI).
+
+Contract: docs/gym-protocol.md, Resources servers.
 
 Each serves `POST /seed_session` (answers `{}` and sets the session cookie), `POST /verify` (echoes the request
 and adds `reward`) and one `POST /<tool_name>` per tool. The simple agent (`servers/agent.py`) calls them;
