@@ -13,10 +13,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from asyncppo.cli.run import build_run
-from asyncppo.cli.train import train
 from asyncppo.config import load_config
 from asyncppo.metrics import read_metrics_jsonl
+from asyncppo.trainer.build import build_run
+from asyncppo.trainer.loop import train
 
 
 def run_mode(config_path: str, overrides: list[str], run_dir: Path) -> dict[str, float]:

@@ -16,12 +16,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from asyncppo.cli.run import build_run
-from asyncppo.cli.train import train
 from asyncppo.config import load_config
 from asyncppo.metrics import read_metrics_jsonl
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.rollout.single_turn import render_prompt
+from asyncppo.trainer.build import build_run
+from asyncppo.trainer.loop import train
 
 CONFIG = Path(__file__).parent.parent / "examples" / "configs" / "trl_workload.yaml"
 

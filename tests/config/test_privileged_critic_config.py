@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
-from asyncppo.cli import builders
 from asyncppo.config import ConfigError, validate_tree
+from asyncppo.trainer import builders
 
 
 def _rejected(tree) -> str:

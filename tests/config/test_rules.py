@@ -326,7 +326,7 @@ def test_external_gym_must_say_where_the_agents_are(tree):
 
 
 def test_max_rollout_turns_is_rejected_before_any_process_starts(tree):
-    from asyncppo.cli.run import check_supported
+    from asyncppo.trainer.build import check_supported
 
     tree["ppo"]["max_rollout_turns"] = 3
     with pytest.raises(ConfigError, match="reward-function rollouts are single-turn"):

@@ -130,9 +130,9 @@ def test_async_run_killed_five_times_loses_and_repeats_no_prompt(
 
 
 def _demo_validation(run_dir: Path, cache_dir: Path, overrides: list[str]) -> list[float]:
-    from asyncppo.cli.run import build_run
-    from asyncppo.cli.train import train
     from asyncppo.config import load_config
+    from asyncppo.trainer.build import build_run
+    from asyncppo.trainer.loop import train
 
     os.environ["ASYNCPPO_CACHE_DIR"] = str(cache_dir)
     config = load_config(

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from faulty_agent import FaultyAgent
 
-from asyncppo.cli.run import build_run
-from asyncppo.cli.train import train
 from asyncppo.config import validate_tree
 from asyncppo.distributed.process_group import free_port
 from asyncppo.gym.servers.launch import launch_builtin_gym
 from asyncppo.metrics import read_metrics_jsonl
 from asyncppo.pipeline.errors import StepFillError
+from asyncppo.trainer.build import build_run
+from asyncppo.trainer.loop import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).parents[2]

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from asyncppo.cli.run import build_run
-from asyncppo.cli.train import train
 from asyncppo.config import validate_tree
 from asyncppo.metrics import read_metrics_jsonl
+from asyncppo.trainer.build import build_run
+from asyncppo.trainer.loop import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from asyncppo.checkpoint import load_run_state, load_state
-from asyncppo.cli.builders import resolve_model_path
-from asyncppo.cli.run import build_run
-from asyncppo.cli.train import train
 from asyncppo.config import validate_tree
 from asyncppo.metrics import read_metrics_jsonl
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.models.value import load_value_model, save_value_model, value_head
+from asyncppo.trainer.build import build_run
+from asyncppo.trainer.builders import resolve_model_path
+from asyncppo.trainer.loop import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """Privileged critic (asymmetric actor-critic), the pure parts: the reference block and the two batch layouts.
 
-Called by `cli/privileged_critic.py` (rendering, tokenizer side) and `cli/ppo_step.py` (layouts). Shapes: B
+Called by `trainer/privileged_critic.py` (rendering, tokenizer side) and `trainer/ppo_step.py` (layouts). Shapes: B
 batch, S policy-layout positions, W critic-layout positions. The policy never sees any of this.
 
     task fields --read_task_field / field_text--> texts --fit_to_budget--> FieldOutcomes --> `<reference>` block

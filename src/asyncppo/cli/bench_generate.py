@@ -11,13 +11,13 @@ import dataclasses
 
 import torch
 
-from asyncppo.cli import builders
 from asyncppo.config import ConfigError, load_config
 from asyncppo.generation.benchmark import HEADER, BenchCase, copy_bandwidth, format_row, run_case
 from asyncppo.generation.decoder_weights import DecoderWeights, UnsupportedModelError, decoder_shape
 from asyncppo.generation.engines import build_engine
 from asyncppo.models.policy import load_policy
 from asyncppo.models.tokenizer import load_tokenizer
+from asyncppo.trainer import builders
 
 
 def _int_list(text: str) -> list[int]:

@@ -18,14 +18,14 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-from asyncppo.cli import builders
-from asyncppo.cli.gym_setup import check_builtin_resources, policy_server_settings, sampling_profiles
 from asyncppo.config import ConfigError, RunConfig, load_config
 from asyncppo.generation.engines import build_engine
 from asyncppo.gym.policy_server import PolicyServer
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.policy import load_policy
 from asyncppo.models.tokenizer import load_tokenizer
+from asyncppo.trainer import builders
+from asyncppo.trainer.gym_setup import check_builtin_resources, policy_server_settings, sampling_profiles
 from asyncppo.workers.policy_http import HOST, start_policy_server
 
 READY = "ready"

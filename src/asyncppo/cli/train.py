@@ -1,23 +1,14 @@
-"""`asyncppo train CONFIG [key=value ...] [--run-dir DIR]`: the driver loop.
+"""`asyncppo train CONFIG [key=value ...] [--run-dir DIR]`: build the run, train it, close it.
 
-    build_run -> restore -> [validate] -> for each step: batch = source.next_batch(step)
-                                                         [privileged critic prefixes from the trajectories]
-                                                         ppo_step(batch) -> publish weights (version step+1)
-                                                         validate every val_period -> log
-                                                         [async: print the books every log_every steps] -> checkpoint
-One loop for sync and async PPO: they differ only in the batch source (pipeline/sources.py), which also
-hears about each weight update (the async collector drains or pauses around it).
+The run and its driver loop live in `trainer/` (`trainer/run.py`, `trainer/loop.py`); this is the command.
 """
 
 import argparse
-import time
 from pathlib import Path
 
-from asyncppo.algorithms.mismatch import mismatch_plot_data
-from asyncppo.cli.ppo_step import StepOutput, ppo_step
-from asyncppo.cli.run import Run, build_run
 from asyncppo.config import load_config
-from asyncppo.rollout.batch import collate_trajectories
+from asyncppo.trainer.build import build_run
+from asyncppo.trainer.loop import train
 
 
 def run_train_command(args: argparse.Namespace) -> int:
@@ -31,97 +22,3 @@ def run_train_command(args: argparse.Namespace) -> int:
         run.close()
     print(f"run directory: {run_dir}", flush=True)
     return 0
-
-
-def train(run: Run) -> None:
-    """The loop: steps from the restored step to ppo.max_num_steps, validating and saving on schedule."""
-    ppo = run.config.ppo
-    deadline = run.config.checkpointing.must_save_by_seconds
-    run_started = time.monotonic()
-    start = run.restore()
-    run.publish_policy(version=start, trained=True)  # generators start from the trainer's exact weights
-    policy_has_trained = start > ppo.policy_training_start_step
-    if ppo.val_at_start and start == 0:
-        # Read the engine counters here too, so the start's validation prefill is not booked on step 1.
-        run.metrics.log(0, {**run.validate(0), **run.generation_metrics()})
-    for step in range(start, ppo.max_num_steps):
-        started = time.perf_counter()
-        run.start_generation(step)
-        step_batch = run.source.next_batch(step)
-        generated = time.perf_counter()
-        batch = collate_trajectories(step_batch.trajectories, run.pad_token_id)
-        prefixes = run.critic_prefixes(step_batch.trajectories)  # privileged critic: None when off
-        output = ppo_step(run.step_settings, run.policy, run.value, batch, step, critic_prefixes=prefixes)
-        policy_has_trained = policy_has_trained or output.policy_trained
-        metrics = {**step_batch.metrics, **output.metrics}
-        bubble_started = time.perf_counter()
-        run.source.before_weight_update()  # async: drain rollouts, or only pause new ones (in-flight updates)
-        metrics.update(run.publish_policy(version=step + 1, trained=output.policy_trained))
-        run.source.after_weight_update(step + 1)  # always, also when the policy did not train (critic warm-up)
-        metrics["timing/sync_bubble"] = time.perf_counter() - bubble_started
-        completed = step + 1
-        if _due(ppo.val_period, completed) or (ppo.val_at_end and completed == ppo.max_num_steps):
-            validation_started = time.perf_counter()
-            metrics.update(run.validate(completed))
-            metrics["timing/validation"] = time.perf_counter() - validation_started
-        _plot_mismatch(run, output, completed, metrics)
-        if ppo.log_rollout_dump and ppo.rollout_dump_period and completed % ppo.rollout_dump_period == 0:
-            _dump_rollouts(run, output, completed, metrics)
-        metrics["timing/generation"] = generated - started
-        metrics["timing/step"] = time.perf_counter() - started
-        metrics.update(run.rollout_metrics())  # cumulative, so read last: validation's rollouts count too
-        metrics.update(run.generation_metrics())  # since the last read: this step's validation counts too
-        run.metrics.log(completed, metrics)
-        if _accounting_due(ppo.async_ppo.log_every, completed):
-            run.log_accounting(completed)
-        out_of_time = deadline is not None and time.monotonic() - run_started >= deadline
-        if run.config.checkpointing.enabled and (
-            _due(run.config.checkpointing.save_period, completed) or completed == ppo.max_num_steps or out_of_time
-        ):
-            run.save(completed, metrics, policy_has_trained)
-        if out_of_time:
-            print(
-                f"checkpointing.checkpoint_must_save_by reached after step {completed}: saved and stopped", flush=True
-            )
-            return
-
-
-def _due(period: int, completed: int) -> bool:
-    return period > 0 and completed % period == 0
-
-
-def _accounting_due(log_every: int | None, completed: int) -> bool:
-    """ppo.async_ppo.log_every: every N steps, 0 never, null every step."""
-    return log_every is None or _due(log_every, completed)
-
-
-def _plot_mismatch(run: Run, output: StepOutput, step: int, metrics: dict[str, float]) -> None:
-    """Save the worst sequence's logprob curves when the step's token_mult_prob_error passes the threshold."""
-    error = metrics.get("mismatch/token_mult_prob_error")
-    batch = output.batch
-    if error is None or error <= run.config.logger.mismatch_plot_threshold or batch.old_logprobs is None:
-        return
-    data = mismatch_plot_data(batch.old_logprobs, batch.generation_logprobs, batch.token_mask)
-    if data is None:
-        return
-    from asyncppo.metrics.plots import save_mismatch_plot
-
-    path = save_mismatch_plot(data, run.run_dir / "plots" / f"mismatch_step_{step}.png", step)
-    run.metrics.log_image(step, "mismatch/token_mult_prob_error_plot", path)
-
-
-def _dump_rollouts(run: Run, output: StepOutput, step: int, metrics: dict[str, float]) -> None:
-    """Per-token values, advantages and logprobs of the step, for offline analysis."""
-    from asyncppo.metrics.rollout_dump import write_rollout_dump
-
-    turn_mode = run.config.ppo.adv_estimator.name == "turn_gae"
-    write_rollout_dump(
-        run.run_dir / "rollout_dumps" / f"step_{step}.pt",
-        step,
-        output.batch,
-        num_generations_per_prompt=run.config.ppo.num_generations_per_prompt,
-        credit_level="turn" if turn_mode else "token",
-        adv_raw_mean=metrics.get("adv_raw/mean", 0.0),
-        adv_raw_std=metrics.get("adv_raw/std", 0.0),
-        anchor_mask=output.batch.critic_mask if turn_mode else None,
-    )

@@ -216,9 +216,9 @@ class ClusterConfig(Section):
     """CPUs given to a local Ray cluster; null = all."""
 
 
-# What checkpointing.metric_name may rank by: every metric the driver logs under val/ (cli/run.py, Run.validate)
-# and train/ (cli/ppo_step.py), written `val:<key>` / `train:<key>`. A name outside this list is never logged, so
-# keep_top_k would silently keep the newest checkpoints; tests/cli/test_ranking_metrics.py keeps it in step with
+# What checkpointing.metric_name may rank by: every metric the driver logs under val/ (trainer/run.py, Run.validate)
+# and train/ (trainer/ppo_step.py), written `val:<key>` / `train:<key>`. A name outside this list is never logged, so
+# keep_top_k would silently keep the newest checkpoints; tests/trainer/test_ranking_metrics.py keeps it in step with
 # the logged keys.
 RANKING_METRICS: tuple[str, ...] = (
     "val:reward_mean",

@@ -1,6 +1,6 @@
 """The run config: one pydantic tree of every section, and the rules that span sections.
 
-Builders in `cli/` read this tree and hand plain arguments to components; nothing below layer 4 takes
+Builders in `trainer/` read this tree and hand plain arguments to components; nothing below layer 4 takes
 a config object whole (the "no intrusive configs" rule).
 """
 

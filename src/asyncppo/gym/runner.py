@@ -30,7 +30,7 @@ CLOSE_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class GymClientSettings:
-    """Everything GymClient is built from (plain values; `cli/builders.py` fills them from `env.gym`)."""
+    """Everything GymClient is built from (plain values; `trainer/builders.py` fills them from `env.gym`)."""
 
     agent_urls: Mapping[str, str] | None
     head_server_url: str | None

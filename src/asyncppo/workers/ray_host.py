@@ -10,7 +10,8 @@ knows they run in Ray actors. Calls wait with a timeout and re-raise the worker'
 
 import os
 
-# Ray reads these at import: without them a local cluster listens on every interface, not only loopback.
+# Ray reads these at import: no usage reporting (no calls out of the machine), every worker's log lines shown
+# (not deduplicated across workers), and no multi-node cluster on Windows or macOS hosts.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from asyncppo.cli.builders import step_settings
-from asyncppo.cli.ppo_step import StepSettings
 from asyncppo.config import validate_tree
 from asyncppo.rollout.batch import TrainBatch, collate_trajectories
 from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
+from asyncppo.trainer.builders import step_settings
+from asyncppo.trainer.ppo_step import StepSettings
 
 PAD = 0
 GENERATION_LOGPROB = -0.5

@@ -16,7 +16,6 @@ from asyncppo.algorithms.advantages import AdvantageSettings
 from asyncppo.algorithms.policy_loss import PolicyLossSettings
 from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
 from asyncppo.algorithms.value_loss import ValueLossSettings
-from asyncppo.cli.ppo_step import RewardScaling, RewardShaping, StepSettings
 from asyncppo.config import ConfigError, RunConfig
 from asyncppo.config.models import TrainedModelConfig
 from asyncppo.generation.engines import EngineSettings
@@ -24,6 +23,7 @@ from asyncppo.generation.protocol import SamplingParams
 from asyncppo.models.demo_policy import ensure_arithmetic_policy
 from asyncppo.models.demo_tool_policy import ensure_tool_policy
 from asyncppo.models.tiny import PRESETS, ensure_tiny
+from asyncppo.trainer.ppo_step import RewardScaling, RewardShaping, StepSettings
 from asyncppo.workers.endpoints import GeneratorEndpoint, PolicyEndpoint, ValueEndpoint
 from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.policy_worker import PolicyWorker

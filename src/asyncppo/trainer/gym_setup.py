@@ -1,6 +1,6 @@
 """Training through the gym: policy servers on the generation hosts, the gym servers, and the rollout functions.
 
-`cli/run.py` calls `start_gym_rollouts` when `env.should_use_nemo_gym` is true:
+`trainer/run.py` calls `start_gym_rollouts` when `env.should_use_nemo_gym` is true:
 
     generation hosts: serve_http -> policy server URLs --(launch: builtin)--> launch_builtin_gym(head, agents, envs)
     GymRolloutRunner(head URL or agent URLs) --> train outcomes (sync source, async collector) and validation

@@ -10,11 +10,11 @@ import torch
 
 from asyncppo.algorithms.advantages import AdvantageSettings
 from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
-from asyncppo.cli.ppo_step import StepSettings, ppo_step
-from asyncppo.cli.privileged_critic import CriticPrefixes, PrivilegedCritic, critic_batch, critic_layout
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.rollout.batch import TrainBatch, collate_trajectories
 from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
+from asyncppo.trainer.ppo_step import StepSettings, ppo_step
+from asyncppo.trainer.privileged_critic import CriticPrefixes, PrivilegedCritic, critic_batch, critic_layout
 
 PAD = 0
 
@@ -185,7 +185,7 @@ def test_rows_without_privilege_get_no_block_and_one_warning(
     tokenizer: Any, privileged: PrivilegedCritic, caplog: pytest.LogCaptureFixture
 ):
     trajectories = _group_batch(tokenizer, tasks=[{"answer": "2"}, {"question": "q"}])
-    with caplog.at_level(logging.WARNING, logger="asyncppo.cli.privileged_critic"):
+    with caplog.at_level(logging.WARNING, logger="asyncppo.trainer.privileged_critic"):
         prefixes = privileged.prefixes(trajectories)
     assert [len(ids) > 0 for ids in prefixes.token_ids] == [True, True, False, False]
     assert len(caplog.records) == 1 and "2 of 4 trajectories" in caplog.records[0].getMessage()

@@ -1,6 +1,6 @@
 """Where a run's trajectories come from: its data, its rollout functions and its batch source.
 
-`cli/run.py` (build_run) calls these; the gym's rollout functions come from `cli/gym_setup.py`.
+`trainer/run.py` (build_run) calls these; the gym's rollout functions come from `trainer/gym_setup.py`.
 
     data.train_path / validation_path --load_data--> rows --PromptStream--> batch_source --> driver
     reward-function rollouts (single_turn_rollouts) | gym rollouts --RolloutFunctions--> train / collector / validation
@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asyncppo.cli import builders
 from asyncppo.config import RunConfig
 from asyncppo.data.prompt_stream import PromptStream
 from asyncppo.data.rows import load_gym_rows, load_rows, split_rows
@@ -22,6 +21,7 @@ from asyncppo.pipeline.sources import BatchSource, GroupRolloutsFn, SyncBatchSou
 from asyncppo.rollout.rewards import load_reward_function
 from asyncppo.rollout.single_turn import run_single_turn_rollouts
 from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.trainer import builders
 from asyncppo.workers.remote import RemoteGenerator
 
 FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from ppo_fakes import GAE, CallLog, FakePolicy, FakeValue, collate, settings_from_config, single_turn
 
-from asyncppo.cli.ppo_step import ppo_step
-from asyncppo.cli.run import Run
 from asyncppo.config.runtime import RANKING_METRICS
+from asyncppo.trainer.ppo_step import ppo_step
+from asyncppo.trainer.run import Run
 
 
 def _rankable(metrics: dict[str, float], namespace: str) -> set[str]:

@@ -9,10 +9,10 @@
        critic layout, the critic-layout values kept for value clipping, [B] offsets and masks unchanged
     7. policy passes (ppo_epochs, from step W on) on the policy layout, which is also what StepOutput carries
 
-Called by the driver (`cli/train.py`) once per step. It talks to the models only through the two small
+Called by the driver loop (`trainer/loop.py`) once per step. It talks to the models only through the two small
 protocols below, so it runs the same on Ray worker groups and on in-process workers (tests). The privileged
 critic's prefixes are built by the driver from the step's trajectories (it holds the tokenizer) and come in as
-`critic_prefixes` (`cli/privileged_critic.py`); the policy never sees them.
+`critic_prefixes` (`trainer/privileged_critic.py`); the policy never sees them.
 """
 
 import time
@@ -30,8 +30,8 @@ from asyncppo.algorithms.privilege import PrefixedLayout
 from asyncppo.algorithms.residual import homogeneous_group_sample_mask
 from asyncppo.algorithms.reward_processing import overlong_filter_mask, scale_rewards, shape_overlong_rewards
 from asyncppo.algorithms.turns import TurnSpans, build_turn_spans, validate_turn_spans
-from asyncppo.cli.privileged_critic import CriticPrefixes, critic_batch, critic_layout
 from asyncppo.rollout.batch import TrainBatch
+from asyncppo.trainer.privileged_critic import CriticPrefixes, critic_batch, critic_layout
 
 
 class PolicyModel(Protocol):
@@ -79,7 +79,7 @@ class RewardShaping:
 
 @dataclass(frozen=True)
 class StepSettings:
-    """Everything the step needs from the config, as plain values (built by cli/builders.py)."""
+    """Everything the step needs from the config, as plain values (built by trainer/builders.py)."""
 
     advantage: AdvantageSettings
     ppo_epochs: int

@@ -1,0 +1,36 @@
+"""The trainer: a run built from its config, and the loop that trains it (sync and async PPO alike).
+
+`asyncppo train` (cli/), the scripts and the integration tests all train through this package:
+
+    run = build_run(config, run_dir)     # trainer/build.py
+    try:
+        train(run)                       # trainer/loop.py
+    finally:
+        run.close()
+
+Lifecycle of a run (module in brackets):
+
+  build, before any process  config rules (`check_supported`), training and validation rows loaded,
+                             `config.yaml` written [build]
+  build                      Ray (local, loopback) -> policy workers (+ the colocated engine) -> value
+                             workers (none for raw_reward) -> generator workers and their weight-sync group
+                             (non-colocated) -> gym servers and client (`env.should_use_nemo_gym`)
+                             [build, builders, gym_setup]
+  build                      checkpoint manager; the step to resume from; the batch source (sync, or async
+                             with its collector) positioned there; metric sinks, metrics.jsonl cut back to
+                             that step [build, run_inputs]
+  start                      restore the newest complete checkpoint (weights, optimizers, batch source, RNG),
+                             or warm-start the critic on a fresh run; publish the policy as version = step;
+                             validate at step 0 (`ppo.val_at_start`) [run, loop]
+  each step                  seed generation -> next batch from the source -> privileged-critic prefixes ->
+                             PPO step (values, logprobs, reference logprobs, advantages, critic then policy
+                             updates) -> weight update, the source drained or paused around it -> validation,
+                             plots, rollout dumps on schedule -> metrics -> async books every `log_every` ->
+                             checkpoint on schedule [loop, ppo_step]
+  checkpoint step_N/         `policy/` (once it has trained) and `value/`: weights, optimizer, scheduler; the
+                             batch source state (data position; async: buffer and collector); `accounting.json`
+                             (async books); RNG state; run state (step, epoch, prompts consumed, the critic's
+                             warm-start source); `config.yaml` [run]
+  end                        close the batch source, the sinks and the gym servers, then end every worker
+                             process [run]
+"""

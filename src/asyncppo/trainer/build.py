@@ -1,0 +1,215 @@
+"""Building a run from its config: Ray worker groups, weight sync, data, sinks, checkpoints -> `Run`.
+
+    build_run(config, run_dir) -> Run: policy / value / generation groups, WeightSync (non-colocated),
+                                       BatchSource, validation rows, MetricsLogger, CheckpointManager
+`check_supported` refuses what this build cannot place before any process starts.
+"""
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncppo.checkpoint import (
+    CheckpointManager,
+    load_run_state,
+)
+from asyncppo.config import ConfigError, RunConfig, dump_config
+from asyncppo.distributed.process_group import SyncGroupSpec, free_port
+from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBoardSink
+from asyncppo.models.tokenizer import load_tokenizer
+from asyncppo.pipeline.failures import StepFailureBudget
+from asyncppo.trainer import builders
+from asyncppo.trainer.privileged_critic import PrivilegedCritic
+from asyncppo.trainer.run_inputs import (
+    FAILURE_BUDGET_KEY,
+    RolloutFunctions,
+    batch_source,
+    load_data,
+    single_turn_rollouts,
+)
+from asyncppo.workers.ray_host import HostOptions, WorkerGroup, init_local_ray
+from asyncppo.workers.remote import RemoteGenerator, RemotePolicy, RemoteValue, WeightSync
+
+if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
+    pass
+
+from asyncppo.trainer.run import CONFIG_FILE, GYM_RESULTS_FILE, WORKER_CALL_TIMEOUT_S, PublishedVersion, Run
+
+
+def _host_options(device: str, num_gpus: float, max_concurrency: int = 1) -> HostOptions:
+    # On CPU every host gets one torch thread: in the sync loop only one host computes at a time, and on a
+    # shared 2-core machine a second OpenMP thread spin-waits far more than it helps (measured ~10x slower).
+    return HostOptions(
+        num_cpus=0, num_gpus=num_gpus, max_concurrency=max_concurrency, torch_threads=1 if device == "cpu" else None
+    )
+
+
+def check_supported(config: RunConfig) -> None:
+    """Fail before starting anything when the config asks for a mode this version does not run yet."""
+    if config.ppo.max_rollout_turns != 1:
+        where = (
+            "gym agents bound their own turns (the built-in agent: env.gym.max_steps)"
+            if config.env.should_use_nemo_gym
+            else "reward-function rollouts are single-turn; multi-turn rollouts come from the gym"
+        )
+        raise ConfigError([f"ppo.max_rollout_turns: {config.ppo.max_rollout_turns} is not supported: {where}"])
+    if config.env.should_use_nemo_gym and config.env.gym.launch == "builtin":
+        from asyncppo.trainer.gym_setup import check_builtin_resources
+
+        check_builtin_resources(config.env.gym.resources)
+
+
+def build_run(config: RunConfig, run_dir: Path) -> Run:
+    """Start Ray and every worker, connect weight sync, and open data, sinks and checkpoints."""
+    check_supported(config)
+    train_rows, validation_rows = load_data(config)  # before any process starts: a data error costs nothing
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_FILE).write_text(dump_config(config))
+    paths = builders.model_paths(config)
+    device = builders.resolve_device(config)
+    tokenizer = load_tokenizer(paths.tokenizer)
+    eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
+    engine = builders.engine_settings(config, eos, pad)
+    colocated = config.generation.colocated.enabled
+    num_gpus = config.cluster.gpus_per_node or None
+    init_local_ray(num_cpus=config.cluster.num_cpus, num_gpus=num_gpus, address=config.cluster.ray_address)
+
+    groups: list[WorkerGroup] = []
+    gpu = device == "cuda"
+    try:
+        policy_group = WorkerGroup.start(
+            "policy",
+            [builders.policy_factory(config, paths, device, engine if colocated else None)],
+            _host_options(device, 0.5 if gpu else 0, max_concurrency=4),
+            WORKER_CALL_TIMEOUT_S,
+        )
+        groups.append(policy_group)
+        value = None
+        if config.value is not None:
+            value_group = WorkerGroup.start(
+                "value",
+                [builders.value_factory(config, paths, device)],
+                _host_options(device, 0.5 if gpu else 0),
+                WORKER_CALL_TIMEOUT_S,
+            )
+            groups.append(value_group)
+            value = RemoteValue(value_group)
+        weight_sync = None
+        if colocated:
+            generation_group = policy_group
+        else:
+            generation_group = WorkerGroup.start(
+                "generator",
+                [
+                    builders.generator_factory(config, paths, device, engine, rank)
+                    for rank in range(config.generation.num_workers)
+                ],
+                # Every concurrent rollout must reach the engine's queue to share its batches: with fewer actor
+                # threads than in-flight groups, Ray queues the calls and batches shrink to the thread count.
+                _host_options(device, 1 if gpu else 0, max_concurrency=max(64, 2 * config.generation.max_batch_size)),
+                WORKER_CALL_TIMEOUT_S,
+            )
+            groups.append(generation_group)
+            sync = config.generation.weight_sync
+            spec = SyncGroupSpec(
+                host="127.0.0.1",
+                port=free_port(),
+                world_size=1 + len(generation_group),
+                backend="nccl" if gpu else "gloo",
+                timeout_s=sync.timeout_s,
+            )
+            weight_sync = WeightSync(policy_group, generation_group, spec, builders.sync_settings(config))
+    except BaseException:
+        for group in groups:
+            group.kill()
+        raise
+
+    generator = RemoteGenerator(generation_group)
+    published = PublishedVersion()
+    gym = None
+    if config.env.should_use_nemo_gym:
+        from asyncppo.trainer.gym_setup import start_gym_rollouts
+
+        try:
+            results_log = run_dir / GYM_RESULTS_FILE if config.env.should_log_nemo_gym_responses else None
+            gym = start_gym_rollouts(
+                config, generation_group, tokenizer, str(paths.tokenizer), lambda: published.value, results_log
+            )
+        except BaseException:
+            for group in groups:
+                group.kill()
+            raise
+        generations = config.ppo.num_generations_per_prompt
+        rollouts = RolloutFunctions(gym.train_outcomes(generations), gym.collector_rollout(generations), gym.validation)
+        failure_budget = StepFailureBudget(config.env.gym.max_failed_groups_per_step, FAILURE_BUDGET_KEY)
+    else:
+        rollouts = single_turn_rollouts(config, generator, tokenizer, eos)
+        failure_budget = None
+    checkpoints = None
+    if config.checkpointing.enabled:
+        checkpoint_dir = Path(config.checkpointing.checkpoint_dir or run_dir / "checkpoints")
+        checkpoints = CheckpointManager(
+            checkpoint_dir,
+            config.checkpointing.keep_top_k,
+            config.checkpointing.metric_name,
+            config.checkpointing.higher_is_better,
+        )
+    latest = checkpoints.latest() if checkpoints is not None else None
+    resume_step = load_run_state(latest).step if latest is not None else 0
+    source = batch_source(config, train_rows, rollouts, failure_budget, resume_step)
+    privilege = builders.privilege_settings(config)
+    return Run(
+        config=config,
+        run_dir=run_dir,
+        step_settings=builders.step_settings(config),
+        policy=RemotePolicy(policy_group),
+        value=value,
+        generator=generator,
+        weight_sync=weight_sync,
+        source=source,
+        validation_rows=validation_rows,
+        validation_rollout=rollouts.validation,
+        metrics=_metrics_logger(config, run_dir, resume_step),
+        checkpoints=checkpoints,
+        pad_token_id=pad,
+        published=published,
+        groups=groups,
+        gym=gym,
+        privileged_critic=PrivilegedCritic(tokenizer, privilege, pad) if privilege is not None else None,
+    )
+
+
+HEADLINE_KEYS = (
+    "train/reward_mean",
+    "val/reward_mean",
+    "async/buffer_size",
+    "async/avg_policy_age",
+    "critic/explained_var",
+    "mismatch/token_mult_prob_error",
+    "timing/step",
+)
+
+
+def _metrics_logger(config: RunConfig, run_dir: Path, resume_step: int) -> MetricsLogger:
+    logger = config.logger
+    sinks: list[Any] = [JsonlSink(run_dir / "metrics.jsonl", truncate_after_step=resume_step)]
+    if logger.tensorboard_enabled:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+    if logger.console:
+        sinks.append(ConsoleProgress(config.ppo.max_num_steps, resume_step, headline_keys=HEADLINE_KEYS))
+    remote: list[Any] = []
+    if logger.wandb_enabled:
+        from asyncppo.metrics import WandbSink
+
+        remote.append(
+            WandbSink(
+                logger.wandb.project,
+                logger.wandb.name or run_dir.name,
+                logger.wandb.entity,
+                config.model_dump(mode="json"),
+            )
+        )
+    if logger.mlflow_enabled:
+        from asyncppo.metrics import MlflowSink
+
+        remote.append(MlflowSink(logger.mlflow.experiment_name, logger.mlflow.tracking_uri, run_dir))
+    return MetricsLogger(sinks, best_effort_sinks=remote)
