@@ -175,6 +175,8 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         groups=groups,
         gym=gym,
         privileged_critic=PrivilegedCritic(tokenizer, privilege, pad) if privilege is not None else None,
+        # auto picks graph only on CUDA (an unsupported family then falls back to hf and reports nothing).
+        engines_keep_counters=engine.backend == "graph" or (engine.backend == "auto" and gpu),
     )
 
 

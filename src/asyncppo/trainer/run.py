@@ -83,6 +83,9 @@ class Run:
     privileged_critic: PrivilegedCritic | None = None
     engine_counters: dict[str, float] = field(default_factory=dict[str, float])
     """The generators' summed engine counters at the last `generation_metrics` call (the base of the next)."""
+    engines_keep_counters: bool = True
+    """False when every engine is `hf` (no prefix cache, no counters): the per-step read is skipped, since in
+    async runs it queues behind the generators' busy request threads."""
 
     def critic_prefixes(self, trajectories: Sequence[Trajectory]) -> CriticPrefixes | None:
         """The privileged critic's prefixes for the step's trajectories (batch row order); None when it is off."""
@@ -98,6 +101,8 @@ class Run:
         Deltas of cumulative counters, so whatever generated in between counts: the step's rollouts, its
         validation and, in async runs, rollouts the collector produced for later steps.
         """
+        if not self.engines_keep_counters:
+            return {}
         counters = self.generator.engine_counters()
         metrics = prefix_reuse_metrics(self.engine_counters, counters)
         self.engine_counters = counters
