@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the graph generation engine (one H200): its CUDA tests, then `asyncppo bench generate` on a
 # random-weight Qwen2.5-0.5B-shaped model, graph and hf engines side by side. Run from the repo root on the GPU
-# machine with the wheels of `bash ../shared/tools/device-wheels.sh torchdata rich` in .whl/.
+# machine with Python 3.12 wheels of what it lacks (ray, pydantic, fastapi, torchdata, rich) in .whl/.
 # Writes logs to $OUT (default /tmp/asyncppo-engine). PROFILE=1 adds scripts/profile_decode.py at batch 256.
 # E2E=1 adds scripts/bench_trl_workload.py (TRL's PPO workload, colocated, 6 steps) and, when PEER_SCRIPT names
 # TRL's PPOTrainer benchmark script, runs it on the same workload in the same call for the ratio.

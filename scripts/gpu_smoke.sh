@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU smoke run (two GPUs): a few PPO steps of a random-weight Qwen2.5-0.5B-shaped model, non-colocated
 # (1 generator GPU, 1 trainer GPU, NCCL weight sync), then colocated on one GPU. Run from the repo root on
-# the GPU machine, with the wheels of `bash ../shared/tools/device-wheels.sh torchdata rich ...` in .whl/.
+# the GPU machine, with Python 3.12 wheels of what it lacks (ray, pydantic, fastapi, torchdata, rich, ...) in .whl/.
 # Writes logs and per-step tables to $OUT (default /tmp/asyncppo-smoke).
 set -euo pipefail
 OUT=${OUT:-/tmp/asyncppo-smoke}
