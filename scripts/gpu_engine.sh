@@ -5,6 +5,8 @@
 # Writes logs to $OUT (default /tmp/asyncppo-engine). PROFILE=1 adds scripts/profile_decode.py at batch 256.
 # E2E=1 adds scripts/bench_trl_workload.py (TRL's PPO workload, colocated, 6 steps) and, when PEER_SCRIPT names
 # TRL's PPOTrainer benchmark script, runs it on the same workload in the same call for the ratio.
+# GYM=1 adds 4 steps of the multi-turn gym demo (examples/configs/gym_multi_step.yaml) colocated on the GPU on the
+# graph engine, for its prefix-reuse counters. BENCH=0 skips `bench generate`.
 set -uo pipefail
 OUT=${OUT:-/tmp/asyncppo-engine}
 mkdir -p "$OUT"
@@ -21,9 +23,21 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest -q -m gpu -p no:cacheprovider tests/generation/test_graph_engine_cuda.py -s 2>&1 | tee "$OUT/tests.log" | tail -15
 fi
+if [ "${BENCH:-1}" = 1 ]; then
 python3 -m asyncppo.cli.main bench generate examples/configs/gpu_local_model.yaml model.model_name="$model" \
   cluster.gpus_per_node=1 --batch-sizes "${BATCHES:-256,64}" --prompt-tokens 256 --new-tokens 512 \
   --variable-new-tokens "${VARIABLE:-1024}" --backends "${BACKENDS:-graph,hf}" 2>&1 | tee "$OUT/bench.log" | grep -v Loading
+fi
+if [ "${GYM:-0}" = 1 ]; then
+  timeout "${GYM_TIMEOUT:-240}" python3 -m asyncppo.cli.main train examples/configs/gym_multi_step.yaml \
+    --run-dir /tmp/gym-run cluster.device=cuda cluster.gpus_per_node=1 generation.backend=graph \
+    generation.colocated.enabled=true ppo.max_num_steps=4 ppo.val_at_start=false checkpointing.enabled=false \
+    > "$OUT/gym.log" 2>&1
+  echo "gym demo exit $?"; tail -5 "$OUT/gym.log"
+  python3 scripts/summarize_run.py /tmp/gym-run --keys train/reward_mean,turn/num_turns_mean,\
+generation/prefill_tokens_sent,generation/prefill_tokens_computed,generation/prefill_computed_fraction,\
+generation/prefix_hits,timing/generation,timing/step | tee "$OUT/gym_summary.txt"
+fi
 if [ "${PROFILE:-0}" = 1 ]; then
   python3 scripts/profile_decode.py --model "$model" --batch 256 --window 768 --prefill-rows 32 > "$OUT/profile.log" 2>&1
   grep -v Loading "$OUT/profile.log" | head -120
