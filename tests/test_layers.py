@@ -120,7 +120,7 @@ def test_the_checker_resolves_relative_imports(tmp_path):
         "from . import accounting\n"
         "from .accounting import Ledger\n"
         "from ..workers import remote\n"
-        "from ..rollout.batch import TrainBatch\n"
+        "from ..types import TrainBatch\n"
     )
     assert find_layer_violations(package) == ["pipeline/buffer.py:3: layer 2 imports asyncppo.workers (layer 3)"]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from asyncppo.gym.results import trajectory_from_result
-from asyncppo.rollout.trajectory import MessageSpan
+from asyncppo.types import MessageSpan
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROW = {

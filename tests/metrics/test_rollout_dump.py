@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from asyncppo.metrics.rollout_dump import FORMAT_VERSION, write_rollout_dump
-from asyncppo.rollout.batch import TrainBatch
-from asyncppo.rollout.trajectory import MessageSpan
+from asyncppo.types import MessageSpan, TrainBatch
 
 
 def hand_batch(group_ids: list[int], **optional: torch.Tensor) -> TrainBatch:

@@ -14,7 +14,7 @@ from asyncppo.pipeline.collector import Collector
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.sources import PromptBatches, StepBatch
 from asyncppo.pipeline.staleness import AgeSchedule
-from asyncppo.rollout.trajectory import MessageSpan, Trajectory
+from asyncppo.types import MessageSpan, Trajectory
 
 Row = dict[str, Any]
 

@@ -16,7 +16,7 @@ from asyncppo.rollout.penalties import (
     has_repeated_words,
     split_think,
 )
-from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
+from asyncppo.types import MessageSpan, Role, Trajectory
 
 ALL_ON = PenaltySettings(
     duplicated_reasoning=True,

@@ -13,10 +13,9 @@ from asyncppo.generation.protocol import SamplingParams
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 from asyncppo.models.tokenizer import load_tokenizer
-from asyncppo.rollout.batch import collate_trajectories
 from asyncppo.rollout.rewards import exact_match_reward
 from asyncppo.rollout.single_turn import render_prompt, run_single_turn_rollouts
-from asyncppo.rollout.trajectory import MessageSpan, Trajectory
+from asyncppo.types import MessageSpan, Trajectory, collate_trajectories
 
 TEMPERATURE = 0.8
 

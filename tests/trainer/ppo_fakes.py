@@ -13,10 +13,9 @@ from typing import Any
 import torch
 
 from asyncppo.config import validate_tree
-from asyncppo.rollout.batch import TrainBatch, collate_trajectories
-from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
 from asyncppo.trainer.builders import step_settings
 from asyncppo.trainer.ppo_step import StepSettings
+from asyncppo.types import MessageSpan, Role, TrainBatch, Trajectory, collate_trajectories
 
 PAD = 0
 GENERATION_LOGPROB = -0.5

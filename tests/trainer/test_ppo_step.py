@@ -24,8 +24,8 @@ from ppo_fakes import (
     trajectory,
 )
 
-from asyncppo.rollout.batch import TrainBatch
 from asyncppo.trainer.ppo_step import StepOutput, StepSettings, ppo_step
+from asyncppo.types import TrainBatch
 
 
 def _run(settings: StepSettings, batch: TrainBatch, values: torch.Tensor, step: int = 0) -> tuple[StepOutput, CallLog]:

@@ -11,10 +11,9 @@ import torch
 from asyncppo.algorithms.advantages import AdvantageSettings
 from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
 from asyncppo.models.tokenizer import load_tokenizer
-from asyncppo.rollout.batch import TrainBatch, collate_trajectories
-from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
 from asyncppo.trainer.ppo_step import StepSettings, ppo_step
 from asyncppo.trainer.privileged_critic import CriticPrefixes, PrivilegedCritic, critic_batch, critic_layout
+from asyncppo.types import MessageSpan, Role, TrainBatch, Trajectory, collate_trajectories
 
 PAD = 0
 

@@ -5,7 +5,7 @@ import torch
 from worker_fakes import make_batch
 
 from asyncppo.algorithms.microbatch import LossNormalizers, loss_normalizers
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 from asyncppo.workers.training import (
     BatchPlan,
     MicroBatch,

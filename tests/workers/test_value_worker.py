@@ -11,7 +11,7 @@ from worker_fakes import make_batch, weights_of
 from asyncppo.algorithms.critic_metrics import pooled_explained_variance
 from asyncppo.algorithms.value_loss import ValueLossSettings
 from asyncppo.models.value import value_head, values
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 from asyncppo.workers.optim import SchedulerSettings
 from asyncppo.workers.value_worker import ValueWorker
 

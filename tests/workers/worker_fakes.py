@@ -8,8 +8,7 @@ from typing import Any
 import torch
 
 from asyncppo.algorithms.policy_loss import PolicyLossSettings
-from asyncppo.rollout.batch import TrainBatch
-from asyncppo.rollout.trajectory import MessageSpan
+from asyncppo.types import MessageSpan, TrainBatch
 from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.policy_worker import PolicyWorker
 

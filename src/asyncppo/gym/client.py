@@ -26,7 +26,7 @@ import httpx
 import yaml
 
 from asyncppo.gym.results import quote, trajectory_from_result
-from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.types import Trajectory
 
 # Statuses (besides 5xx) after which the agent may well succeed on a rerun: infrastructure, not data.
 RETRYABLE_STATUSES = frozenset({408, 429})

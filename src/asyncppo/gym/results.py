@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from asyncppo.gym.protocol import TokenFields
-from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
+from asyncppo.types import MessageSpan, Role, Trajectory
 
 # Row fields that steer the rollout rather than describe the task; they stay out of `Trajectory.task`.
 NON_TASK_FIELDS = frozenset({"responses_create_params", "agent_ref"})

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from asyncppo.gym.client import GymClient, SamplingProfile
 from asyncppo.rollout.penalties import PenaltySettings, apply_reward_penalties
-from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.types import Trajectory
 
 T = TypeVar("T")
 # Seconds close() waits for the loop thread to finish the client's shutdown.

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 
 FORMAT_VERSION = 1
 DESCRIPTION = """asyncppo rollout dump, format_version 1. Per-sample arrays [B]: sample_index, reward (after reward

@@ -25,7 +25,7 @@ from typing import Any
 from asyncppo.pipeline.ledger import AccountingLedger, AccountingReport, find_accounting_problems
 from asyncppo.pipeline.plain_state import trajectory_from_state, trajectory_to_state
 from asyncppo.pipeline.staleness import survives_until
-from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.types import Trajectory
 
 log = logging.getLogger(__name__)
 

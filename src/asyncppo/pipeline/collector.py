@@ -27,7 +27,7 @@ from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.plain_state import check_plain_data
 from asyncppo.pipeline.sources import PromptBatches, Row
 from asyncppo.pipeline.staleness import AgeSchedule
-from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.types import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import torch
 
-from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
+from asyncppo.types import MessageSpan, Role, Trajectory
 
 _ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asyncppo.pipeline.failures import StepFailureBudget
-from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.types import Trajectory
 
 Row = dict[str, Any]
 RolloutFn = Callable[[Sequence[Row], int], list[Trajectory]]

@@ -1,1 +1,1 @@
-"""Layer 1: the Trajectory record, single-turn rollouts and reward functions."""
+"""Layer 1: single-turn rollouts, reward functions and reward penalties (the Trajectory record is in `types`)."""

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.types import Trajectory
 
 # duplicated_reasoning: this many consecutive normalised words, found twice without overlap, are a repetition.
 # Long enough that re-stating a short result ("so 12 + 7 = 19") is no repetition, short enough for a loop.

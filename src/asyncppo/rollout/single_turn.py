@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult, SamplingParams, SupportsGenerate
 from asyncppo.rollout.rewards import RewardFunction
-from asyncppo.rollout.trajectory import MessageSpan, Role, Trajectory
+from asyncppo.types import MessageSpan, Role, Trajectory
 
 ROLES: tuple[str, ...] = get_args(Role)
 

@@ -20,7 +20,7 @@ from asyncppo.gym.runner import GroupOutcome, GymClientSettings, GymRolloutRunne
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.gym.servers.resources import RESOURCES_APPS
 from asyncppo.rollout.penalties import PenaltySettings
-from asyncppo.rollout.trajectory import Trajectory
+from asyncppo.types import Trajectory
 from asyncppo.workers.policy_http import PolicyServerSettings
 from asyncppo.workers.ray_host import WorkerGroup
 

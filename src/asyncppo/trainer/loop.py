@@ -12,9 +12,9 @@ hears about each weight update (the async collector drains or pauses around it).
 import time
 
 from asyncppo.algorithms.mismatch import mismatch_plot_data
-from asyncppo.rollout.batch import collate_trajectories
 from asyncppo.trainer.ppo_step import StepOutput, ppo_step
 from asyncppo.trainer.run import Run
+from asyncppo.types import collate_trajectories
 
 
 def train(run: Run) -> None:

@@ -30,8 +30,8 @@ from asyncppo.algorithms.privilege import PrefixedLayout
 from asyncppo.algorithms.residual import homogeneous_group_sample_mask
 from asyncppo.algorithms.reward_processing import overlong_filter_mask, scale_rewards, shape_overlong_rewards
 from asyncppo.algorithms.turns import TurnSpans, build_turn_spans, validate_turn_spans
-from asyncppo.rollout.batch import TrainBatch
 from asyncppo.trainer.privileged_critic import CriticPrefixes, critic_batch, critic_layout
+from asyncppo.types import TrainBatch
 
 
 class PolicyModel(Protocol):

@@ -24,8 +24,7 @@ from asyncppo.algorithms.privilege import (
     privilege_metrics,
     render_reference_block,
 )
-from asyncppo.rollout.batch import TrainBatch
-from asyncppo.rollout.trajectory import MessageSpan, Trajectory
+from asyncppo.types import MessageSpan, TrainBatch, Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ from asyncppo.config import RunConfig, dump_config
 from asyncppo.generation.engines import prefix_reuse_metrics
 from asyncppo.metrics import MetricsLogger
 from asyncppo.pipeline.sources import BatchSource
-from asyncppo.rollout.trajectory import Trajectory
 from asyncppo.trainer.ppo_step import StepSettings
 from asyncppo.trainer.privileged_critic import CriticPrefixes, PrivilegedCritic
 from asyncppo.trainer.run_inputs import (
     ValidationRolloutFn,
 )
+from asyncppo.types import Trajectory
 from asyncppo.workers.ray_host import WorkerGroup
 from asyncppo.workers.remote import RemoteGenerator, RemotePolicy, RemoteValue, WeightSync
 

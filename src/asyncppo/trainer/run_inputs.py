@@ -20,8 +20,8 @@ from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.sources import BatchSource, GroupRolloutsFn, SyncBatchSource, strict_group_rollouts
 from asyncppo.rollout.rewards import load_reward_function
 from asyncppo.rollout.single_turn import run_single_turn_rollouts
-from asyncppo.rollout.trajectory import Trajectory
 from asyncppo.trainer import builders
+from asyncppo.types import Trajectory
 from asyncppo.workers.remote import RemoteGenerator
 
 FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"

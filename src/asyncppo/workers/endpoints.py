@@ -28,7 +28,7 @@ from asyncppo.distributed.weight_sync import (
 from asyncppo.generation.engines import EngineSettings, build_engine, prefix_reuse_counters
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.models.policy import load_policy
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.value_worker import ValueWorker
 

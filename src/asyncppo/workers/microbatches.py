@@ -11,7 +11,7 @@ from dataclasses import fields
 
 import torch
 
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 
 
 def row_lengths(attention_mask: torch.Tensor) -> list[int]:

@@ -17,7 +17,7 @@ from asyncppo.algorithms.microbatch import LossNormalizers, loss_normalizers
 from asyncppo.algorithms.policy_loss import PolicyLossSettings, policy_loss
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tokenizer import load_tokenizer
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.scoring import ScoringModel, resolve_dtype
 from asyncppo.workers.trained_model import TrainedModel

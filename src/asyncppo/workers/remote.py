@@ -17,7 +17,7 @@ import torch
 from asyncppo.distributed.process_group import SyncGroupSpec, WeightSyncError
 from asyncppo.distributed.weight_sync import PushReport, check_checksums
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 from asyncppo.workers.ray_host import WorkerCallError, WorkerGroup
 
 log = logging.getLogger(__name__)

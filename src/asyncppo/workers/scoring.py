@@ -13,7 +13,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from transformers import PreTrainedModel
 
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import (
     current_data_parallel,
     full_tensor,

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import broadcast_from_rank0
 from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings, build_optimizer, build_scheduler
 from asyncppo.workers.scoring import ScoringModel, TokenForward

@@ -20,7 +20,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from asyncppo.algorithms.microbatch import LossNormalizers, reduce_microbatch_metrics
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import DataParallel, all_ranks_finite, full_tensor, gather_objects, max_over_ranks
 from asyncppo.workers.microbatches import (
     global_batch_rows,

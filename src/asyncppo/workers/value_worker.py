@@ -13,7 +13,7 @@ from asyncppo.algorithms.microbatch import LossNormalizers, loss_normalizers
 from asyncppo.algorithms.value_loss import ValueLossSettings, explained_variance_from_stats, value_loss
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.models.value import load_value_model, values
-from asyncppo.rollout.batch import TrainBatch
+from asyncppo.types import TrainBatch
 from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.scoring import resolve_dtype
 from asyncppo.workers.trained_model import TrainedModel
