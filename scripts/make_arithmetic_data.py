@@ -1,7 +1,7 @@
 """Writes the CPU demo's addition data: examples/data/arithmetic/{train,validation}.jsonl (prompt, answer rows).
 
 Deterministic: rerunning it reproduces the shipped files byte for byte (a test checks). The demo policy's
-warm-up (`models/demo_policy.py`) draws from the same train split, so validation problems stay unseen.
+warm-up (`demo/arithmetic_policy.py`) draws from the same train split, so validation problems stay unseen.
 
     python scripts/make_arithmetic_data.py [--output-dir DIR]
 """
@@ -10,7 +10,12 @@ import argparse
 import json
 from pathlib import Path
 
-from asyncppo.data.arithmetic import DEFAULT_MAX_OPERAND, DEMO_NUM_VALIDATION, DEMO_SPLIT_SEED, make_arithmetic_splits
+from asyncppo.demo.arithmetic_task import (
+    DEFAULT_MAX_OPERAND,
+    DEMO_NUM_VALIDATION,
+    DEMO_SPLIT_SEED,
+    make_arithmetic_splits,
+)
 
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parents[1] / "examples" / "data" / "arithmetic"
 

@@ -1,8 +1,8 @@
 """Writes the multi-step tool demo's gym rows: examples/data/multi_step/{train,validation}.jsonl.
 
-Each row is a NeMo-Gym `/run` body for "Compute (a + b) * c" (data/tool_task.py). Deterministic: rerunning it
+Each row is a NeMo-Gym `/run` body for "Compute (a + b) * c" (demo/tool_task.py). Deterministic: rerunning it
 reproduces the shipped files byte for byte (a test checks). The demo policy's warm-up
-(`models/demo_tool_policy.py`) draws from the same train split, so validation problems stay unseen.
+(`demo/tool_policy.py`) draws from the same train split, so validation problems stay unseen.
 
     python scripts/make_tool_task_data.py [--output-dir DIR]
 """
@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from asyncppo.data.tool_task import DEMO_NUM_VALIDATION, DEMO_SPLIT_SEED, make_tool_task_splits
+from asyncppo.demo.tool_task import DEMO_NUM_VALIDATION, DEMO_SPLIT_SEED, make_tool_task_splits
 
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parents[1] / "examples" / "data" / "multi_step"
 

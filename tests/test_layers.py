@@ -17,6 +17,7 @@ LAYERS = {
     "algorithms": 0,
     "data": 0,
     "models": 0,
+    "demo": 0,
     "generation": 1,
     "gym": 1,
     "rollout": 1,

@@ -1,6 +1,6 @@
 """Build-once directories: a model built into a temporary sibling and renamed into place when complete.
 
-Used by `tiny.ensure_tiny` and `demo_policy.ensure_arithmetic_policy`; a crash never leaves a half-written
+Used by `tiny.ensure_tiny` and the demo policies (`asyncppo.demo`); a crash never leaves a half-written
 model at the final path, and two processes racing on the same build keep whichever finished first.
 """
 

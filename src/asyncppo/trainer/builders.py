@@ -18,10 +18,10 @@ from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
 from asyncppo.algorithms.value_loss import ValueLossSettings
 from asyncppo.config import ConfigError, RunConfig
 from asyncppo.config.models import TrainedModelConfig
+from asyncppo.demo.arithmetic_policy import ensure_arithmetic_policy
+from asyncppo.demo.tool_policy import ensure_tool_policy
 from asyncppo.generation.engines import EngineSettings
 from asyncppo.generation.protocol import SamplingParams
-from asyncppo.models.demo_policy import ensure_arithmetic_policy
-from asyncppo.models.demo_tool_policy import ensure_tool_policy
 from asyncppo.models.tiny import PRESETS, ensure_tiny
 from asyncppo.trainer.ppo_step import RewardScaling, RewardShaping, StepSettings
 from asyncppo.workers.endpoints import GeneratorEndpoint, PolicyEndpoint, ValueEndpoint

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncppo.data.tool_task import (
+from asyncppo.demo.tool_task import (
     AGENT_REF,
     ChainProblem,
     ParsedCall,

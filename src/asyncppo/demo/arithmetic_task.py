@@ -1,7 +1,7 @@
 """The CPU demo's task: two-operand addition questions ("What is 7+12?" -> "19") and noisy demonstrations.
 
 `scripts/make_arithmetic_data.py` writes the shipped train/validation files with `make_arithmetic_splits`;
-`models/demo_policy.py` warms the demo policy up on `make_demonstrations`, of which a fraction is wrong, so
+`demo/arithmetic_policy.py` warms the demo policy up on `make_demonstrations`, of which a fraction is wrong, so
 that PPO starts from a competent-but-imperfect policy that a correctness reward can improve.
 """
 
@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from asyncppo.data.splits import disjoint_splits
+from asyncppo.demo.splits import disjoint_splits
 
 # Operands 0..19 give 400 problems whose answers are one or two digit tokens plus eos. The tiny model
 # learns carries over this range in a ~20 s warm-up; at 0..49 the same warm-up stays near 30% greedy accuracy.

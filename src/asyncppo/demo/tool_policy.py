@@ -1,7 +1,7 @@
 """The multi-step tool demo's starting policy: the tiny model warmed up on noisy plays of (a + b) * c with tools.
 
-Like `demo_policy.py` for addition, but every demonstration is a whole conversation (data/tool_task.py) and the
-loss covers only the assistant turns, tokenised as the policy server sees them. Half the plays hold a mistake,
+Like `arithmetic_policy.py` for addition, but every demonstration is a whole conversation (`tool_task.py`) and
+the loss covers only the assistant turns, tokenised as the policy server sees them. Half the plays hold a mistake,
 so the policy samples a right play ~58% of the time (greedy 100%) and PPO has turn-level errors to fix.
 `play_tool_task` measures that by playing in process (generate a turn, run the tools, splice the next prompt
 as the policy server does). The trainer's model builder calls `ensure_tool_policy` (cached build).
@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncppo.data.tool_task import (
+from asyncppo.demo.supervised_warmup import Batch, eos_and_pad, one_thread, supervised_warm_up
+from asyncppo.demo.tool_task import (
     DEFAULT_MAX_ADDEND,
     DEFAULT_MAX_MULTIPLIER,
     DEFAULT_MIN_MULTIPLIER,
@@ -34,7 +35,6 @@ from asyncppo.data.tool_task import (
 )
 from asyncppo.models.build_cache import build_once
 from asyncppo.models.chat_template import IM_END, IM_START
-from asyncppo.models.supervised_warmup import Batch, eos_and_pad, one_thread, supervised_warm_up
 from asyncppo.models.tiny import TINY, TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 
 # Bump when the warm-up procedure changes in a way the recipe does not capture, so caches rebuild.

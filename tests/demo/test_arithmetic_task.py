@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncppo.data.arithmetic import (
+from asyncppo.data.rows import load_rows
+from asyncppo.demo.arithmetic_task import (
     AdditionProblem,
     all_problems,
     is_correct_answer,
@@ -17,7 +18,6 @@ from asyncppo.data.arithmetic import (
     make_demonstrations,
     wrong_answer,
 )
-from asyncppo.data.rows import load_rows
 
 REPO = Path(__file__).parents[2]
 SHIPPED = REPO / "examples" / "data" / "arithmetic"

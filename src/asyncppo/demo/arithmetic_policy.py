@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncppo.data.arithmetic import (
+from asyncppo.data.rows import prompt_messages
+from asyncppo.demo.arithmetic_task import (
     DEFAULT_MAX_OPERAND,
     DEMO_NUM_VALIDATION,
     DEMO_SPLIT_SEED,
@@ -25,9 +26,8 @@ from asyncppo.data.arithmetic import (
     make_arithmetic_splits,
     make_demonstrations,
 )
-from asyncppo.data.rows import prompt_messages
+from asyncppo.demo.supervised_warmup import Batch, eos_and_pad, supervised_warm_up
 from asyncppo.models.build_cache import build_once
-from asyncppo.models.supervised_warmup import Batch, eos_and_pad, supervised_warm_up
 from asyncppo.models.tiny import TINY, TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 
 # Bump when the warm-up procedure changes in a way the recipe does not capture, so caches rebuild.

@@ -1,6 +1,6 @@
 """The supervised warm-up both demo policies share: AdamW with a linear ramp then cosine decay, on one thread.
 
-Called by `models/demo_policy.py` (arithmetic answers) and `models/demo_tool_policy.py` (multi-turn tool plays),
+Called by `demo/arithmetic_policy.py` (arithmetic answers) and `demo/tool_policy.py` (multi-turn tool plays),
 which differ only in how a step's (input_ids, attention_mask, labels) batch is built.
 """
 

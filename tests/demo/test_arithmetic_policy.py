@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import asyncppo.models.demo_policy as demo_policy
-from asyncppo.data.arithmetic import Demonstration
 from asyncppo.data.rows import load_rows
-from asyncppo.models.demo_policy import (
+from asyncppo.demo import arithmetic_policy
+from asyncppo.demo.arithmetic_policy import (
     ARITHMETIC_RECIPE,
     answer_accuracy,
     arithmetic_fingerprint,
@@ -19,6 +18,7 @@ from asyncppo.models.demo_policy import (
     render_prompt,
     warmup_demonstrations,
 )
+from asyncppo.demo.arithmetic_task import Demonstration
 from asyncppo.models.policy import load_policy
 from asyncppo.models.tiny import EOS_TOKEN_ID, build_tiny_tokenizer
 from asyncppo.models.tokenizer import load_tokenizer
@@ -67,7 +67,7 @@ def test_the_fingerprint_changes_with_the_recipe_and_the_build_version(monkeypat
     assert arithmetic_fingerprint(QUICK_RECIPE) == fingerprint
     assert arithmetic_fingerprint(dataclasses.replace(QUICK_RECIPE, wrong_fraction=0.2)) != fingerprint
     assert arithmetic_fingerprint(dataclasses.replace(QUICK_RECIPE, seed=1)) != fingerprint
-    monkeypatch.setattr(demo_policy, "BUILD_VERSION", demo_policy.BUILD_VERSION + 1)
+    monkeypatch.setattr(arithmetic_policy, "BUILD_VERSION", arithmetic_policy.BUILD_VERSION + 1)
     assert arithmetic_fingerprint(QUICK_RECIPE) != fingerprint
 
 
@@ -81,7 +81,7 @@ def test_the_policy_is_built_once_then_reused(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the cached policy was rebuilt")
 
-    monkeypatch.setattr(demo_policy, "warm_up", fail)
+    monkeypatch.setattr(arithmetic_policy, "warm_up", fail)
     assert ensure_arithmetic_policy(tmp_path, QUICK_RECIPE) == built
     with pytest.raises(AssertionError, match="rebuilt"):
         ensure_arithmetic_policy(tmp_path, dataclasses.replace(QUICK_RECIPE, seed=1))

@@ -8,11 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import asyncppo.models.demo_tool_policy as demo_tool_policy
-from asyncppo.data.tool_task import ChainProblem, demonstrate
-from asyncppo.gym.chat_prompt import build_prompt
-from asyncppo.gym.protocol import RequestMessage
-from asyncppo.models.demo_tool_policy import (
+from asyncppo.demo import tool_policy
+from asyncppo.demo.tool_policy import (
     TOOL_TASK_RECIPE,
     ToolTaskPlay,
     conversation_batch,
@@ -24,6 +21,9 @@ from asyncppo.models.demo_tool_policy import (
     warm_up,
     warmup_demonstrations,
 )
+from asyncppo.demo.tool_task import ChainProblem, demonstrate
+from asyncppo.gym.chat_prompt import build_prompt
+from asyncppo.gym.protocol import RequestMessage
 from asyncppo.models.policy import load_policy
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model, build_tiny_tokenizer
 from asyncppo.models.tokenizer import load_tokenizer
@@ -171,7 +171,7 @@ def test_the_fingerprint_changes_with_the_recipe_and_the_build_version(monkeypat
     assert tool_policy_fingerprint(QUICK_RECIPE) == fingerprint
     assert tool_policy_fingerprint(dataclasses.replace(QUICK_RECIPE, wrong_fraction=0.2)) != fingerprint
     assert tool_policy_fingerprint(dataclasses.replace(QUICK_RECIPE, seed=1)) != fingerprint
-    monkeypatch.setattr(demo_tool_policy, "BUILD_VERSION", demo_tool_policy.BUILD_VERSION + 1)
+    monkeypatch.setattr(tool_policy, "BUILD_VERSION", tool_policy.BUILD_VERSION + 1)
     assert tool_policy_fingerprint(QUICK_RECIPE) != fingerprint
 
 
@@ -191,7 +191,7 @@ def test_the_policy_is_built_once_then_reused(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the cached policy was rebuilt")
 
-    monkeypatch.setattr(demo_tool_policy, "warm_up", fail)
+    monkeypatch.setattr(tool_policy, "warm_up", fail)
     assert ensure_tool_policy(tmp_path, QUICK_RECIPE) == built
     with pytest.raises(AssertionError, match="rebuilt"):
         ensure_tool_policy(tmp_path, dataclasses.replace(QUICK_RECIPE, seed=1))

@@ -1,7 +1,7 @@
 """The multi-step tool demo's task: compute (a + b) * c with an `add` and a `multiply` tool, in three turns.
 
 `scripts/make_tool_task_data.py` writes the shipped gym rows with `make_tool_task_splits`; the warm-up of
-`models/demo_tool_policy.py` trains on `make_demonstrations` (a fraction of them wrong) and measures itself
+`demo/tool_policy.py` trains on `make_demonstrations` (a fraction of them wrong) and measures itself
 with `parse_generation`, `call_tool` and `reward`, which mirror the policy server, the gym's tools and its
 verify. A correct play, as the chat template renders it (the model generates each assistant text + <|im_end|>):
 
@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from asyncppo.data.splits import disjoint_splits
+from asyncppo.demo.splits import disjoint_splits
 
 # a, b in 1..20 and c in 2..9: 3200 problems, sums of one or two digits and products of one to three.
 DEFAULT_MAX_ADDEND = 20
