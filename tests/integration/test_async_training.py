@@ -123,8 +123,8 @@ def test_async_run_killed_five_times_loses_and_repeats_no_prompt(
     # Every drawn id is trained, dropped with a reason, or still waiting in the buffer / pending list.
     assert trained + dropped + len(books["buffered"]) + len(books["pending"]) == books["next_draw_id"]
     assert log.read_text().count("resumed from") == NUM_KILLS
-    printed = [line for line in log.read_text().splitlines() if line.startswith("async accounting after step")]
-    assert len(printed) == 1 and printed[0].startswith(f"async accounting after step {STEPS}: "), printed
+    printed = [line for line in log.read_text().splitlines() if line.startswith("accounting after step")]
+    assert len(printed) == 1 and printed[0].startswith(f"accounting after step {STEPS}: "), printed
     # Only `trained` is fixed once the last step ran; the collector keeps drawing until the run closes.
     assert f" {trained} trained, " in printed[0] and "do not balance" not in printed[0], printed
 

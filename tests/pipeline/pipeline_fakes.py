@@ -4,7 +4,7 @@ gated or failing, and a small driver loop that calls an AsyncBatchSource the way
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +12,7 @@ from asyncppo.pipeline.async_source import AsyncBatchSource
 from asyncppo.pipeline.buffer import TrajectoryBuffer, default_buffer_size
 from asyncppo.pipeline.collector import Collector
 from asyncppo.pipeline.failures import StepFailureBudget
-from asyncppo.pipeline.sources import PromptBatches, StepBatch
+from asyncppo.pipeline.sources import GroupOutcome, PromptBatches, StepBatch
 from asyncppo.pipeline.staleness import AgeSchedule
 from asyncppo.types import MessageSpan, Trajectory
 
@@ -66,8 +66,9 @@ class ListPrompts:
 class FakeGenerator:
     """Rollouts tagged with the generator's weight version at their first and last token.
 
-    `delay` maps a draw id to seconds to sleep; draw ids in `fail_on` raise; while `gate` is clear, rollouts
-    (of the draw ids in `gated`, or all) wait for it (at most 10 s, so a broken test cannot hang)."""
+    `delay` maps a draw id to seconds to sleep; draw ids in `fail_on` fail (their outcome is the exception, or
+    the call raises it with `raise_failures`); while `gate` is clear, rollouts (of the draw ids in `gated`, or
+    all) wait for it (at most 10 s, so a broken test cannot hang)."""
 
     def __init__(
         self,
@@ -76,18 +77,20 @@ class FakeGenerator:
         fail_on: frozenset[int] = frozenset(),
         gate: threading.Event | None = None,
         gated: frozenset[int] | None = None,
+        raise_failures: bool = False,
     ) -> None:
         self.group_size = group_size
         self.delay = delay
         self.fail_on = fail_on
         self.gate = gate
         self.gated = gated
+        self.raise_failures = raise_failures
         self.version = 0
         self.started: list[int] = []
         self._lock = threading.Lock()
 
-    def rollout(self, rows: list[Row], draw_ids: list[int]) -> list[list[Trajectory]]:
-        groups: list[list[Trajectory]] = []
+    def rollout(self, rows: Sequence[Row], draw_ids: Sequence[int]) -> list[GroupOutcome]:
+        groups: list[GroupOutcome] = []
         for row, draw_id in zip(rows, draw_ids, strict=True):
             with self._lock:
                 self.started.append(draw_id)
@@ -97,7 +100,11 @@ class FakeGenerator:
             if self.delay is not None:
                 time.sleep(self.delay(draw_id))
             if draw_id in self.fail_on:
-                raise RuntimeError(f"boom on draw {draw_id}")
+                failure = RuntimeError(f"boom on draw {draw_id}")
+                if self.raise_failures:
+                    raise failure
+                groups.append(failure)
+                continue
             last_version = self.version
             groups.append(
                 [make_trajectory(draw_id, index, first_version, last_version, row) for index in range(self.group_size)]
@@ -144,6 +151,7 @@ def build(
     idle_recheck_s: float = 0.5,
     failure_budget: StepFailureBudget | None = None,
 ) -> Setup:
+    """`failure_budget` None: 0, the first failed group stops collection."""
     ages = ages or AgeSchedule(policy_training_start_step=0, train_age=1, warmup_age=1)
     buffer = TrajectoryBuffer(num_prompts, max_size or default_buffer_size(num_prompts, ages.max_age))
     collector = Collector(
@@ -156,7 +164,7 @@ def build(
         in_flight_weight_updates=in_flight,
         drain_timeout_s=watchdog_s,
         idle_recheck_s=idle_recheck_s,
-        failure_budget=failure_budget,
+        failure_budget=failure_budget or StepFailureBudget(0, "max_failed_groups_per_step"),
     )
     source = AsyncBatchSource(
         collector,
@@ -177,16 +185,15 @@ def run_steps(
     max_pause_s: float = 0.0,
     on_step_end: Callable[[int], None] | None = None,
 ) -> None:
-    """The driver's per-step sequence: next_batch, train, before_weight_update, push, after_weight_update."""
+    """The driver's per-step sequence: next_batch, train, then the push inside weight_update."""
     for step in steps:
         setup.batches[step] = setup.source.next_batch(step)
         if rng is not None:
             time.sleep(rng.uniform(0, max_pause_s))  # training
-        setup.source.before_weight_update()
-        if rng is not None:
-            time.sleep(rng.uniform(0, max_pause_s))  # the weight push
-        setup.generator.version = step + 1
-        setup.source.after_weight_update(step + 1)
+        with setup.source.weight_update(step + 1):
+            if rng is not None:
+                time.sleep(rng.uniform(0, max_pause_s))  # the weight push
+            setup.generator.version = step + 1
         if on_step_end is not None:
             on_step_end(step)
 

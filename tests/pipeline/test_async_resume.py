@@ -95,9 +95,8 @@ def test_exactly_once_accounting_under_random_kill_points(
                 trained_at[step] = draw_ids_of(batch)
                 if step == kill_step and kill_phase == "after_batch":
                     raise Killed
-                setup.source.before_weight_update()
-                setup.generator.version = step + 1
-                setup.source.after_weight_update(step + 1)
+                with setup.source.weight_update(step + 1):
+                    setup.generator.version = step + 1
                 if step == kill_step and kill_phase == "after_update":
                     raise Killed
                 if rng.random() < 0.5:

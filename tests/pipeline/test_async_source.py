@@ -18,6 +18,7 @@ from pipeline_fakes import (
 from asyncppo.pipeline.async_source import build_async_source
 from asyncppo.pipeline.buffer import DROP_REASONS
 from asyncppo.pipeline.errors import StallError
+from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.staleness import AgeSchedule
 
 
@@ -28,9 +29,9 @@ def test_startup_after_resume_needs_target_n_plus_1_covered_not_only_n():
     try:
         run_steps(first, range(2))
         first.source.next_batch(2)
-        first.source.before_weight_update()
-        assert first.buffer.needed(3) == 0 and first.buffer.needed(4) == 2 and first.buffer.size() == 2
-        state = first.source.state_dict()
+        with first.source.weight_update(3):
+            assert first.buffer.needed(3) == 0 and first.buffer.needed(4) == 2 and first.buffer.size() == 2
+            state = first.source.state_dict()
     finally:
         first.source.close()
     # Resume at 3 with a stalled prompt stream: target 3 is in the buffer, target 4 cannot be reserved yet.
@@ -49,9 +50,8 @@ def test_startup_after_resume_needs_target_n_plus_1_covered_not_only_n():
         gate.set()
         assert returned.wait(5.0)
         assert resumed.buffer.is_covered(4)
-        resumed.source.before_weight_update()
-        resumed.generator.version = 4
-        resumed.source.after_weight_update(4)
+        with resumed.source.weight_update(4):
+            resumed.generator.version = 4
         run_steps(resumed, range(4, 6))  # and the run goes on past the restored boundary
     finally:
         gate.set()
@@ -96,7 +96,7 @@ def test_steps_must_follow_the_collector_version():
         with pytest.raises(ValueError, match="expected step 0"):
             setup.source.next_batch(1)
         setup.source.next_batch(0)
-        with pytest.raises(ValueError, match=r"call after_weight_update\(1\)"):
+        with pytest.raises(ValueError, match=r"inside weight_update\(1\) first"):
             setup.source.next_batch(1)
     finally:
         setup.source.close()
@@ -187,13 +187,13 @@ def test_build_async_source_wires_the_pieces_from_plain_settings():
         in_flight_weight_updates=True,
         drop_incomplete_targets_on_restore=True,
         watchdog_timeout_s=5.0,
+        failure_budget=StepFailureBudget(0, "max_failed_groups_per_step"),
     )
     try:
         for step in range(3):
             batch = source.next_batch(step)
             assert draw_ids_of(batch) == [2 * step, 2 * step + 1]
-            source.before_weight_update()
-            generator.version = step + 1
-            source.after_weight_update(step + 1)
+            with source.weight_update(step + 1):
+                generator.version = step + 1
     finally:
         source.close()

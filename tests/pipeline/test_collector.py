@@ -7,7 +7,7 @@ import pytest
 from pipeline_fakes import FakeGenerator, GatedPrompts, ListPrompts, build, draw_ids_of, run_steps, wait_until
 
 from asyncppo.pipeline.buffer import FAILED_ROLLOUT
-from asyncppo.pipeline.errors import CollectorError, StallError
+from asyncppo.pipeline.errors import CollectorError, StallError, StepFillError
 
 
 def test_collection_loop_cycles_multiple_epochs():
@@ -60,13 +60,16 @@ def test_leftover_rows_of_a_drawn_batch_are_kept_not_discarded():
     assert report.problems == [] and report.trained == [(0, 12)]
 
 
-def test_a_failing_rollout_reaches_the_driver_with_its_cause():
-    setup = build(ListPrompts(100, 2), FakeGenerator(fail_on=frozenset({3})))
+@pytest.mark.parametrize("raise_failures", [False, True], ids=["returned", "raised"])
+def test_a_failing_rollout_reaches_the_driver_with_its_cause(raise_failures: bool):
+    # Without a failure budget (0), the first failed group stops collection, returned or raised alike.
+    setup = build(ListPrompts(100, 2), FakeGenerator(fail_on=frozenset({3}), raise_failures=raise_failures))
     try:
-        with pytest.raises(CollectorError, match="rollout of draw id 3") as raised:
+        with pytest.raises(CollectorError, match=r"could not be filled: 1 prompt groups failed.*\(group 3\)") as raised:
             run_steps(setup, range(5))
-        assert isinstance(raised.value.__cause__, RuntimeError)
-        assert "boom on draw 3" in str(raised.value.__cause__)
+        assert isinstance(raised.value.__cause__, StepFillError)
+        assert isinstance(raised.value.__cause__.__cause__, RuntimeError)
+        assert "boom on draw 3" in str(raised.value)
         with pytest.raises(CollectorError):  # it stays failed: every later call says so again
             setup.collector.raise_if_failed()
         assert setup.buffer.ledger.outcome(3) == f"dropped/{FAILED_ROLLOUT}"
@@ -81,17 +84,25 @@ def test_drain_mode_waits_for_running_rollouts_before_a_weight_update():
     setup.source.start()
     try:
         assert wait_until(lambda: len(setup.collector.in_flight_ids()) == 4)  # targets 0 and 1
-        finished = threading.Event()
-        drainer = threading.Thread(target=lambda: (setup.source.before_weight_update(), finished.set()))
+        finished, release = threading.Event(), threading.Event()
+
+        def update() -> None:
+            with setup.source.weight_update(1):
+                finished.set()
+                release.wait(5.0)  # the push, held open while the test looks
+
+        drainer = threading.Thread(target=update)
         drainer.start()
         assert not finished.wait(0.2)  # still draining
         gate.set()
         assert finished.wait(5.0)
-        drainer.join(timeout=5.0)
         assert setup.collector.in_flight_ids() == []
         assert setup.buffer.size() == 4
+        release.set()
+        drainer.join(timeout=5.0)
     finally:
         gate.set()
+        release.set()
         setup.source.close()
 
 
@@ -102,10 +113,9 @@ def test_in_flight_mode_only_pauses_starts_during_a_weight_update():
     try:
         setup.source.next_batch(0)
         assert setup.collector.in_flight_ids() == [2, 3]
-        setup.source.before_weight_update()  # returns at once: nothing drains
-        assert setup.collector.in_flight_ids() == [2, 3]  # still generating, now with the new weights
-        setup.generator.version = 1
-        setup.source.after_weight_update(1)
+        with setup.source.weight_update(1):  # enters at once: nothing drains
+            assert setup.collector.in_flight_ids() == [2, 3]  # still generating, now with the new weights
+            setup.generator.version = 1
         gate.set()
         batch = setup.source.next_batch(1)
     finally:
@@ -122,8 +132,9 @@ def test_a_drain_that_never_ends_raises_stall_error_naming_the_rollouts():
     setup.source.start()
     try:
         assert wait_until(lambda: len(setup.collector.in_flight_ids()) == 4)
+        drain = setup.source.weight_update(1)
         with pytest.raises(StallError, match=r"4 rollouts still running .* \(draw ids \[0, 1, 2, 3\]\)"):
-            setup.source.before_weight_update()
+            drain.__enter__()
     finally:
         gate.set()
         setup.source.close()
@@ -134,11 +145,10 @@ def test_a_weight_version_change_wakes_the_collector_at_once():
     setup = build(ListPrompts(100, 2), FakeGenerator(), idle_recheck_s=30.0)
     try:
         setup.source.next_batch(0)
-        setup.source.before_weight_update()
-        time.sleep(0.05)  # the collector is asleep: version 0's window [0, 1] is done
-        assert not setup.buffer.is_covered(2)
-        setup.generator.version = 1
-        setup.source.after_weight_update(1)
+        with setup.source.weight_update(1):
+            time.sleep(0.05)  # the collector is asleep: version 0's window [0, 1] is done
+            assert not setup.buffer.is_covered(2)
+            setup.generator.version = 1
         assert wait_until(lambda: setup.buffer.is_covered(2), timeout_s=2.0)
     finally:
         setup.source.close()
@@ -176,9 +186,8 @@ def test_a_slow_prompt_stream_does_not_block_the_driver_or_lose_rows():
     try:
         setup.source.next_batch(0)  # targets 0 and 1 drawn
         gate.clear()  # the next draw (target 2, after the update) hangs in the stream
-        setup.source.before_weight_update()
-        setup.generator.version = 1
-        setup.source.after_weight_update(1)
+        with setup.source.weight_update(1):
+            setup.generator.version = 1
         assert wait_until(lambda: "drawing prompts for" in setup.collector.describe())
         started = time.monotonic()
         assert setup.buffer.take(1, max_age=1) is not None  # wakes the collector without waiting for the draw

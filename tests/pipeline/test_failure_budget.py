@@ -69,6 +69,42 @@ def test_sync_source_replaces_failed_groups_with_fresh_prompts():
     assert [t.task["index"] for t in again.trajectories] == [t.task["index"] for t in following.trajectories]
     assert [t.group_id for t in again.trajectories] == [t.group_id for t in following.trajectories]
     assert following.metrics["rollout/failed_groups"] == 0.0  # the budget starts over every step
+    # The books went with the state: both sources account every id drawn, failed groups as dropped.
+    for books in (source.accounting(), resumed.accounting()):
+        assert books.problems == [] and books.next_draw_id == 10
+        assert books.trained == [(0, 1), (3, 10)] and books.dropped == {FAILED_ROLLOUT: [(1, 3)]}
+
+
+def test_sync_source_books_a_raising_call_and_reseeds_through_its_callback():
+    seeds: list[int] = []
+
+    def rollout(rows, group_ids):
+        raise ConnectionError("engine gone")
+
+    source = SyncBatchSource(
+        ListPrompts(100, 4),
+        rollout,
+        num_prompts_per_step=4,
+        failure_budget=StepFailureBudget(2, KEY),
+        reseed=seeds.append,
+    )
+    source.reseed_generation(11)
+    assert seeds == [11]
+    with pytest.raises(ConnectionError, match="engine gone"):
+        source.next_batch(0)  # a raised call is not a group failure to replace: it ends the step
+    books = source.accounting()
+    assert books.problems == [] and books.dropped == {FAILED_ROLLOUT: [(0, 4)]}
+    with source.weight_update(1):  # nothing runs while weights change
+        pass
+
+
+def test_a_sync_checkpoint_without_books_counts_every_earlier_group_as_trained():
+    source = SyncBatchSource(
+        ListPrompts(100, 4), FlakyOutcomes(set()), num_prompts_per_step=4, failure_budget=StepFailureBudget(0, KEY)
+    )
+    source.load_state_dict({"prompts": {"epoch": 0, "position": 8}, "next_group_id": 8, "pending": []})
+    source.next_batch(2)
+    assert source.accounting().trained == [(0, 12)] and source.accounting().problems == []
 
 
 def test_sync_source_stops_with_a_clear_error_when_a_step_cannot_be_filled():

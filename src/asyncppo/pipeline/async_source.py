@@ -1,10 +1,11 @@
 """AsyncBatchSource: the BatchSource of async PPO, taking each step's groups from the collector-fed buffer.
 
-The driver calls next_batch(step) / before_weight_update() / after_weight_update(step + 1) / state_dict().
+The driver calls next_batch(step), then publishes weights inside `with weight_update(step + 1)`, and saves
+state_dict() with the checkpoint.
 
     Collector --groups (version g, target t)--> TrajectoryBuffer --take(step, sample_max_age(step))--> StepBatch
         ^                                             |
-        +-- after_weight_update(v): window moves      +-- waits also until target step+1 is covered (stored or
+        +-- weight_update(v) exit: window moves       +-- waits also until target step+1 is covered (stored or
                                                           reserved), else publishing v = step+1 strands it
 
 Waiting is bounded: no buffer change for watchdog_timeout_s raises StallError naming the step, the target and
@@ -12,15 +13,16 @@ what the buffer and collector hold; a collector failure is raised as CollectorEr
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from typing import Any
 
 from asyncppo.pipeline.buffer import DROP_REASONS, BufferedGroup, TrajectoryBuffer, default_buffer_size
-from asyncppo.pipeline.collector import Collector, GroupRolloutFn
+from asyncppo.pipeline.collector import Collector
 from asyncppo.pipeline.errors import StallError
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.ledger import AccountingReport
-from asyncppo.pipeline.sources import PromptBatches, StepBatch
+from asyncppo.pipeline.sources import GroupRolloutFn, PromptBatches, StepBatch
 from asyncppo.pipeline.staleness import AgeSchedule
 
 STATE_FORMAT = 1
@@ -80,8 +82,8 @@ class AsyncBatchSource:
             )
         if self._collector.version != step:
             raise ValueError(
-                f"next_batch({step}) but the generators hold weight version {self._collector.version}: call "
-                f"after_weight_update({step}) when step {step - 1} has published its weights"
+                f"next_batch({step}) but the generators hold weight version {self._collector.version}: publish "
+                f"step {step - 1}'s weights inside weight_update({step}) first"
             )
         started = self._clock()
         groups = self._wait_for(step)
@@ -152,14 +154,20 @@ class AsyncBatchSource:
         metrics.update({f"async/dropped_prompts/{reason}": float(dropped.get(reason, 0)) for reason in DROP_REASONS})
         return metrics
 
-    def before_weight_update(self) -> None:
-        """Stop starting rollouts (and, without in-flight updates, drain them) before weights are pushed."""
+    @contextmanager
+    def weight_update(self, version: int) -> Generator[None]:
+        """Entry: stop starting rollouts (and, without in-flight updates, drain them) so the push sees no
+        generation. Clean exit: the generators hold `version` (= the step just trained + 1), so the window
+        moves and collection resumes. A push that raises leaves the collector paused: the run is ending."""
         self._collector.prepare_for_weight_update()
-
-    def after_weight_update(self, version: int) -> None:
-        """The generators now hold `version` (= the step just trained + 1): move the window and resume."""
+        yield
         self._collector.set_weight_version(version)
         self._collector.resume_after_weight_update()
+
+    def reseed_generation(self, seed: int) -> None:
+        """Left alone: the collector's rollouts interleave with training at timing-dependent points, so a reseed
+        would not make them reproducible and would only disturb the engines mid-flight."""
+        return None
 
     def accounting(self) -> AccountingReport:
         """Where every draw id is right now (trained / dropped / buffered / pending), taken atomically."""
@@ -207,7 +215,7 @@ def build_async_source(
     watchdog_timeout_s: float,
     max_concurrent_groups: int | None = None,
     buffer_max_size: int | None = None,
-    failure_budget: StepFailureBudget | None = None,
+    failure_budget: StepFailureBudget,
 ) -> AsyncBatchSource:
     """Buffer + collector + source from plain settings (the `ppo.async_ppo` keys); `start_step` = the step the
     run starts or resumes at, which is also the generators' initial weight version.

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,14 +25,11 @@ from asyncppo.pipeline.buffer import FAILED_ROLLOUT, TrajectoryBuffer
 from asyncppo.pipeline.errors import CollectorError, StallError
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.plain_state import check_plain_data
-from asyncppo.pipeline.sources import PromptBatches, Row
+from asyncppo.pipeline.sources import GroupOutcome, GroupRolloutFn, PromptBatches, Row
 from asyncppo.pipeline.staleness import AgeSchedule
 from asyncppo.types import Trajectory
 
 log = logging.getLogger(__name__)
-
-GroupRolloutFn = Callable[[list[Row], list[int]], list[list[Trajectory]]]
-"""(prompt rows, their draw ids) -> one group per row, each trajectory's group_id = the row's draw id. May raise."""
 
 
 @dataclass
@@ -57,10 +54,10 @@ class Collector:
         in_flight_weight_updates: bool,
         drain_timeout_s: float,
         idle_recheck_s: float = 0.5,
-        failure_budget: StepFailureBudget | None = None,
+        failure_budget: StepFailureBudget,
     ) -> None:
-        """`failure_budget`: failed groups are dropped and replaced until it runs out (None: the first failure
-        stops collection)."""
+        """`rollout` is called with one row and its draw id at a time; a failed group (returned as its exception,
+        or raised) is dropped and replaced until `failure_budget` runs out, which stops collection."""
         if max_concurrent_groups < 1:
             raise ValueError(f"max_concurrent_groups must be >= 1, got {max_concurrent_groups}")
         self.initial_version = initial_version
@@ -148,13 +145,12 @@ class Collector:
             self._condition.notify_all()
 
     def failed_groups_this_step(self) -> int:
-        """Groups that failed since the last `step_filled()` (0 without a failure budget)."""
-        return self._failure_budget.count if self._failure_budget is not None else 0
+        """Groups that failed since the last `step_filled()`."""
+        return self._failure_budget.count
 
     def step_filled(self) -> None:
         """A step's batch was handed to training: the failure budget starts over for the next one."""
-        if self._failure_budget is not None:
-            self._failure_budget.reset()
+        self._failure_budget.reset()
 
     def raise_if_failed(self) -> None:
         """Deliver a recorded rollout or loop failure to the caller (the driver), with the original as cause."""
@@ -289,19 +285,28 @@ class Collector:
     def _run_rollout(self, draw_id: int, row: Row) -> None:
         try:
             try:
-                groups = self._rollout([row], [draw_id])
-                if len(groups) != 1 or not groups[0] or any(t.group_id != draw_id for t in groups[0]):
-                    raise ValueError(
-                        f"rollout must return one non-empty group with group_id {draw_id}, got "
-                        f"{[[t.group_id for t in group] for group in groups]}"
-                    )
-            except Exception as error:  # fault tolerance is the point: the failure goes to the driver
-                self._rollout_failed(draw_id, error)
+                outcome = self._single_outcome(draw_id, self._rollout([row], [draw_id]))
+            except Exception as error:  # a raised call fails its one group, like a returned failure
+                outcome = error
+            if isinstance(outcome, Exception):  # fault tolerance is the point: counted, replaced or fatal
+                self._rollout_failed(draw_id, outcome)
                 return
-            self._rollout_done(draw_id, groups[0])
+            self._rollout_done(draw_id, outcome)
         finally:
             with self._condition:
                 self._threads.discard(threading.current_thread())
+
+    @staticmethod
+    def _single_outcome(draw_id: int, outcomes: list[GroupOutcome]) -> GroupOutcome:
+        """The one outcome of a one-row call, checked: a non-empty group whose trajectories carry `draw_id`."""
+        if len(outcomes) != 1:
+            raise ValueError(f"rollout answered {len(outcomes)} outcomes for 1 row (draw id {draw_id})")
+        outcome = outcomes[0]
+        if not isinstance(outcome, Exception) and (not outcome or any(t.group_id != draw_id for t in outcome)):
+            raise ValueError(
+                f"rollout must return one non-empty group with group_id {draw_id}, got {[t.group_id for t in outcome]}"
+            )
+        return outcome
 
     def _rollout_done(self, draw_id: int, trajectories: list[Trajectory]) -> None:
         with self._condition:
@@ -319,18 +324,11 @@ class Collector:
             in_flight = self._running.pop(draw_id)
             self._buffer.release(draw_id, FAILED_ROLLOUT)
             self._num_failed_rollouts += 1
-            if self._failure_budget is not None:
-                # The released target needs a group again, so the loop draws a fresh prompt for it.
-                exhausted = self._failure_budget.record(in_flight.target, draw_id, error)
-                if exhausted is not None:
-                    self._record_failure(str(exhausted), exhausted)
-                self._condition.notify_all()
-                return
-            self._record_failure(
-                f"rollout of draw id {draw_id} (target step {in_flight.target}, weight version "
-                f"{in_flight.generation_version}) raised {type(error).__name__}: {error}",
-                error,
-            )
+            # The released target needs a group again, so the loop draws a fresh prompt for it.
+            exhausted = self._failure_budget.record(in_flight.target, draw_id, error)
+            if exhausted is not None:
+                self._record_failure(f"{exhausted} (weight version {in_flight.generation_version})", exhausted)
+            self._condition.notify_all()
 
     def _record_failure(self, message: str, error: BaseException) -> None:
         with self._condition:

@@ -3,24 +3,36 @@
     prompts --(sync: generate now, with the current weights)--> StepBatch --> driver step
     prompts --collector --> TrajectoryBuffer --(async: take(step))--> StepBatch --> driver step
 
-The driver only knows `BatchSource`; sync and async PPO differ in which source it is handed.
+The driver only knows `BatchSource`: each step's batch, the weight-update context around every publish, the
+sampling reseed, the books of every prompt drawn (accounting) and the resumable state. Sync and async PPO
+differ in which source it is handed, never in what the driver does.
+
+Both sources call one rollout type, `GroupRolloutFn`, with one failure contract: a prompt group whose rollout
+failed (after the rollout's own retries) comes back as its exception, and the source drops and replaces it
+within the step's `StepFailureBudget` (a budget of 0: the first failure ends the run); an exception the call
+raises is a failure of every group it was given.
 """
 
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from asyncppo.pipeline.buffer import FAILED_ROLLOUT
 from asyncppo.pipeline.failures import StepFailureBudget
+from asyncppo.pipeline.ledger import AccountingLedger, AccountingReport, find_accounting_problems
 from asyncppo.types import Trajectory
 
 Row = dict[str, Any]
 RolloutFn = Callable[[Sequence[Row], int], list[Trajectory]]
-"""(prompt rows, first group id) -> trajectories of every prompt's group, group ids consecutive from there."""
+"""(prompt rows, first group id) -> trajectories of every prompt's group, group ids consecutive from there;
+raises on any failure (strict_group_rollouts makes it a GroupRolloutFn)."""
 GroupOutcome = list[Trajectory] | Exception
 """One prompt group's trajectories, or the exception that ended its rollout (after the rollout's own retries)."""
-GroupRolloutsFn = Callable[[Sequence[Row], Sequence[int]], list[GroupOutcome]]
-"""(prompt rows, their group ids) -> one outcome per row, in order; failures are values, not raised."""
+GroupRolloutFn = Callable[[Sequence[Row], Sequence[int]], list[GroupOutcome]]
+"""(prompt rows, their group ids) -> one outcome per row, in order; a group's failure is its outcome, and each
+trajectory's group_id is its row's group id."""
 
 
 @dataclass
@@ -61,12 +73,18 @@ class BatchSource(Protocol):
         """Stop background work, if any."""
         ...
 
-    def before_weight_update(self) -> None:
-        """Called right before the driver publishes new weights (async: pause or drain rollouts)."""
+    def weight_update(self, version: int) -> AbstractContextManager[None]:
+        """The driver publishes weight `version` inside this context (async: rollouts pause or drain on entry;
+        on a clean exit the staleness window moves to `version` and collection resumes)."""
         ...
 
-    def after_weight_update(self, version: int) -> None:
-        """Called once the generators hold weight `version` (async: move the staleness window, resume)."""
+    def reseed_generation(self, seed: int) -> None:
+        """Set the generators' sampling seed before a step's or a validation's rollouts, where that makes them
+        reproducible (sync); a source whose rollouts run at timing-dependent points leaves the engines alone."""
+        ...
+
+    def accounting(self) -> AccountingReport:
+        """Where every prompt drawn so far is: trained, dropped with a reason, buffered or pending."""
         ...
 
 
@@ -75,24 +93,29 @@ class SyncBatchSource:
 
     `rollout` answers each row with its group or the exception that ended it. A failed group is dropped and a
     fresh prompt takes its place (the rows a refill draws beyond its need wait in `pending`, checkpointed),
-    until the step's failure budget runs out: then StepFillError. Group ids are draw ids, one per row drawn.
+    until the step's failure budget runs out: then StepFillError. Group ids are draw ids, one per row drawn;
+    the books record each as trained (handed to the step) or dropped as a failed rollout.
+    `reseed` sets the generators' sampling seed (each step's rollouts then do not depend on earlier steps').
     """
 
     def __init__(
         self,
         prompts: PromptBatches,
-        rollout: GroupRolloutsFn,
+        rollout: GroupRolloutFn,
         *,
         num_prompts_per_step: int,
         failure_budget: StepFailureBudget,
+        reseed: Callable[[int], None] | None = None,
     ):
         self._prompts = prompts
         self._rollout = rollout
         self._num_prompts = num_prompts_per_step
         self._failures = failure_budget
+        self._reseed = reseed
         self._iterator: Iterator[list[Row]] | None = None
         self._pending: deque[Row] = deque()
         self._next_group_id = 0
+        self._ledger = AccountingLedger()
 
     def next_batch(self, step: int) -> StepBatch:
         self._failures.reset()
@@ -101,16 +124,23 @@ class SyncBatchSource:
             rows = self._draw(step, self._num_prompts - len(groups))
             group_ids = list(range(self._next_group_id, self._next_group_id + len(rows)))
             self._next_group_id += len(rows)
-            outcomes = self._rollout(rows, group_ids)
+            try:
+                outcomes = self._rollout(rows, group_ids)
+            except Exception:
+                # The call failed as a whole: its groups are lost with the run, and the books say so.
+                self._ledger.record_dropped(group_ids, FAILED_ROLLOUT)
+                raise
             if len(outcomes) != len(rows):
                 raise ValueError(f"rollout answered {len(outcomes)} outcomes for {len(rows)} rows")
             for group_id, outcome in zip(group_ids, outcomes, strict=True):
                 if not isinstance(outcome, Exception):
                     groups.append(outcome)
                     continue
+                self._ledger.record_dropped([group_id], FAILED_ROLLOUT)
                 error = self._failures.record(step, group_id, outcome)
                 if error is not None:
                     raise error
+        self._ledger.record_trained(group[0].group_id for group in groups)
         trajectories = [trajectory for group in groups for trajectory in group]
         metrics = {"rollout/failed_groups": float(self._failures.count)}
         return StepBatch(trajectories=trajectories, num_prompts=len(groups), metrics=metrics)
@@ -134,6 +164,7 @@ class SyncBatchSource:
             "prompts": self._prompts.state_dict(),
             "next_group_id": self._next_group_id,
             "pending": list(self._pending),
+            "ledger": self._ledger.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -141,18 +172,37 @@ class SyncBatchSource:
         self._next_group_id = int(state["next_group_id"])
         self._pending = deque(dict(row) for row in state.get("pending", []))
         self._iterator = None
+        self._ledger = AccountingLedger()
+        if "ledger" in state:
+            self._ledger.load_state_dict(state["ledger"])
+        elif self._next_group_id > 0:
+            # A checkpoint written before sync runs kept books: without a failure budget (the only sync setting
+            # that existed then for single-turn runs) every group drawn before it was trained.
+            self._ledger.record_trained(range(self._next_group_id))
 
     def close(self) -> None:
         return None
 
-    def before_weight_update(self) -> None:
-        return None  # batches are generated on demand, so nothing runs while weights change
+    def weight_update(self, version: int) -> AbstractContextManager[None]:
+        return nullcontext()  # batches are generated on demand, so nothing runs while weights change
 
-    def after_weight_update(self, version: int) -> None:
-        return None
+    def reseed_generation(self, seed: int) -> None:
+        if self._reseed is not None:
+            self._reseed(seed)
+
+    def accounting(self) -> AccountingReport:
+        """Drawn ids are trained or dropped by the time next_batch returns; the pending rows have no id yet."""
+        return AccountingReport(
+            trained=self._ledger.trained.ranges(),
+            dropped={reason: ids.ranges() for reason, ids in self._ledger.dropped.items()},
+            buffered=[],
+            pending=[],
+            next_draw_id=self._next_group_id,
+            problems=find_accounting_problems(self._ledger, [], [], self._next_group_id),
+        )
 
 
-def strict_group_rollouts(rollout: RolloutFn) -> GroupRolloutsFn:
+def strict_group_rollouts(rollout: RolloutFn) -> GroupRolloutFn:
     """A batch rollout (consecutive group ids, raises on any failure) as a GroupRolloutsFn: one call for all
     rows, so the engine batches them; a failure still ends the step (there are no per-group outcomes)."""
 

@@ -138,12 +138,13 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
             for group in groups:
                 group.kill()
             raise
-        generations = config.ppo.num_generations_per_prompt
-        rollouts = RolloutFunctions(gym.train_outcomes(generations), gym.collector_rollout(generations), gym.validation)
-        failure_budget = StepFailureBudget(config.env.gym.max_failed_groups_per_step, FAILURE_BUDGET_KEY)
+        rollouts = RolloutFunctions(
+            gym.rollout(config.ppo.num_generations_per_prompt),
+            gym.validation,
+            StepFailureBudget(config.env.gym.max_failed_groups_per_step, FAILURE_BUDGET_KEY),
+        )
     else:
         rollouts = single_turn_rollouts(config, generator, tokenizer, eos)
-        failure_budget = None
     checkpoints = None
     if config.checkpointing.enabled:
         checkpoint_dir = Path(config.checkpointing.checkpoint_dir or run_dir / "checkpoints")
@@ -155,7 +156,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         )
     latest = checkpoints.latest() if checkpoints is not None else None
     resume_step = load_run_state(latest).step if latest is not None else 0
-    source = batch_source(config, train_rows, rollouts, failure_budget, resume_step)
+    source = batch_source(config, train_rows, rollouts, generator, resume_step)
     privilege = builders.privilege_settings(config)
     return Run(
         config=config,

@@ -19,6 +19,7 @@ from asyncppo.gym.client import SamplingProfile
 from asyncppo.gym.runner import GroupOutcome, GymClientSettings, GymRolloutRunner
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.gym.servers.resources import RESOURCES_APPS
+from asyncppo.pipeline.sources import GroupRolloutFn
 from asyncppo.rollout.penalties import PenaltySettings
 from asyncppo.types import Trajectory
 from asyncppo.workers.policy_http import PolicyServerSettings
@@ -83,28 +84,11 @@ class GymRollouts:
     builtin: BuiltinGym | None
     policy_urls: list[str]
 
-    def train_outcomes(
-        self, num_generations: int
-    ) -> Callable[[Sequence[dict[str, Any]], Sequence[int]], list[GroupOutcome]]:
-        """The sync source's rollout: one outcome per row (failures as values)."""
+    def rollout(self, num_generations: int) -> GroupRolloutFn:
+        """The batch source's rollout (sync or async): one outcome per row, a failed group as its exception."""
 
         def run(rows: Sequence[dict[str, Any]], group_ids: Sequence[int]) -> list[GroupOutcome]:
             return self.runner.run_groups(rows, group_ids, num_generations, validation=False)
-
-        return run
-
-    def collector_rollout(
-        self, num_generations: int
-    ) -> Callable[[list[dict[str, Any]], list[int]], list[list[Trajectory]]]:
-        """The async collector's rollout: raises a group's failure (the collector counts it against the budget)."""
-
-        def run(rows: list[dict[str, Any]], draw_ids: list[int]) -> list[list[Trajectory]]:
-            groups: list[list[Trajectory]] = []
-            for outcome in self.runner.run_groups(rows, draw_ids, num_generations, validation=False):
-                if isinstance(outcome, Exception):
-                    raise outcome
-                groups.append(outcome)
-            return groups
 
         return run
 

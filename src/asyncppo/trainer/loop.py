@@ -4,9 +4,10 @@
                                                          [privileged critic prefixes from the trajectories]
                                                          ppo_step(batch) -> publish weights (version step+1)
                                                          validate every val_period -> log
-                                                         [async: print the books every log_every steps] -> checkpoint
+                                                         print the books every log_every steps -> checkpoint
 One loop for sync and async PPO: they differ only in the batch source (pipeline/sources.py), which also
-hears about each weight update (the async collector drains or pauses around it).
+wraps each weight update (the async collector drains or pauses around it), reseeds sampling where that makes
+runs reproducible, and keeps the books of every prompt drawn.
 """
 
 import time
@@ -39,9 +40,10 @@ def train(run: Run) -> None:
         policy_has_trained = policy_has_trained or output.policy_trained
         metrics = {**step_batch.metrics, **output.metrics}
         bubble_started = time.perf_counter()
-        run.source.before_weight_update()  # async: drain rollouts, or only pause new ones (in-flight updates)
-        metrics.update(run.publish_policy(version=step + 1, trained=output.policy_trained))
-        run.source.after_weight_update(step + 1)  # always, also when the policy did not train (critic warm-up)
+        # Async: rollouts drain (or only pause, with in-flight updates) for the push, then the window moves;
+        # always, also when the policy did not train (critic warm-up).
+        with run.source.weight_update(step + 1):
+            metrics.update(run.publish_policy(version=step + 1, trained=output.policy_trained))
         metrics["timing/sync_bubble"] = time.perf_counter() - bubble_started
         completed = step + 1
         if _due(ppo.val_period, completed) or (ppo.val_at_end and completed == ppo.max_num_steps):

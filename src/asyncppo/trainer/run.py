@@ -109,13 +109,9 @@ class Run:
         return metrics
 
     def start_generation(self, step: int, seed_offset: int = 0) -> None:
-        """Per-step sampling seed: a resumed sync run draws exactly what an uninterrupted one would.
-
-        Async runs skip it: the collector's rollouts interleave with training at timing-dependent points, so
-        a reseed would not make them reproducible and would only disturb the engines mid-flight.
-        """
-        if not self.config.ppo.async_ppo.enabled:
-            self.generator.reseed(self.config.ppo.seed + 7919 * step + seed_offset)
+        """Per-step sampling seed, through the batch source: a resumed sync run draws exactly what an
+        uninterrupted one would (the async source leaves the engines alone)."""
+        self.source.reseed_generation(self.config.ppo.seed + 7919 * step + seed_offset)
 
     def publish_policy(self, version: int, trained: bool) -> dict[str, float]:
         """Make generation use the policy of `version`: a push (non-colocated) or just the version (colocated)."""
@@ -178,11 +174,8 @@ class Run:
             print(f"critic warm-started from {path} (weights only, fresh optimizer)", flush=True)
 
     def log_accounting(self, step: int) -> None:
-        """Print the async books after `step` (ppo.async_ppo.log_every); sync runs keep none, so nothing prints."""
-        accounting = getattr(self.source, "accounting", None)
-        if accounting is None:
-            return
-        print(f"async accounting after step {step}: {accounting().summary()}", flush=True)
+        """Print the books of every prompt drawn after `step` (ppo.async_ppo.log_every)."""
+        print(f"accounting after step {step}: {self.source.accounting().summary()}", flush=True)
 
     def save(self, step: int, metrics: dict[str, float], policy_has_trained: bool) -> Path | None:
         """Write checkpoint `step_<step>` (the state after `step` completed steps)."""
@@ -195,10 +188,8 @@ class Run:
             self.value.group.call(0, "save", str(directory / VALUE_DIR))
         source_state = self.source.state_dict()
         save_state(directory / SOURCE_STATE_FILE, source_state)
-        accounting = getattr(self.source, "accounting", None)
-        if accounting is not None:
-            # The run's own books: every prompt drawn is trained, dropped with a reason, buffered or pending.
-            (directory / ACCOUNTING_FILE).write_text(json.dumps(dataclasses.asdict(accounting()), indent=1))
+        # The run's own books: every prompt drawn is trained, dropped with a reason, buffered or pending.
+        (directory / ACCOUNTING_FILE).write_text(json.dumps(dataclasses.asdict(self.source.accounting()), indent=1))
         save_state(directory / RNG_STATE_FILE, save_rng_state())
         # Where the critic's first weights came from stays on record in every checkpoint of the run.
         warm_start = self.config.value.warm_start_path if self.config.value is not None else None

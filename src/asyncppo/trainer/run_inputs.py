@@ -3,7 +3,7 @@
 `trainer/run.py` (build_run) calls these; the gym's rollout functions come from `trainer/gym_setup.py`.
 
     data.train_path / validation_path --load_data--> rows --PromptStream--> batch_source --> driver
-    reward-function rollouts (single_turn_rollouts) | gym rollouts --RolloutFunctions--> train / collector / validation
+    reward-function rollouts (single_turn_rollouts) | gym rollouts --RolloutFunctions--> batch source / validation
 """
 
 from collections.abc import Callable, Sequence
@@ -15,9 +15,8 @@ from asyncppo.data.prompt_stream import PromptStream
 from asyncppo.data.rows import load_gym_rows, load_rows, split_rows
 from asyncppo.generation.protocol import SamplingParams
 from asyncppo.pipeline.async_source import build_async_source
-from asyncppo.pipeline.collector import GroupRolloutFn
 from asyncppo.pipeline.failures import StepFailureBudget
-from asyncppo.pipeline.sources import BatchSource, GroupRolloutsFn, SyncBatchSource, strict_group_rollouts
+from asyncppo.pipeline.sources import BatchSource, GroupRolloutFn, SyncBatchSource, strict_group_rollouts
 from asyncppo.rollout.rewards import load_reward_function
 from asyncppo.rollout.single_turn import run_single_turn_rollouts
 from asyncppo.trainer import builders
@@ -31,11 +30,13 @@ ValidationRolloutFn = Callable[[Sequence[dict[str, Any]], int], tuple[list[Traje
 
 @dataclass(frozen=True)
 class RolloutFunctions:
-    """How a run gets trajectories: the sync source's, the async collector's and validation's rollouts."""
+    """How a run gets trajectories: the batch source's rollout (sync or async) and validation's; and the step's
+    failure budget (the gym's env.gym.max_failed_groups_per_step; 0 for reward-function rollouts, whose
+    failures are engine errors that end the run)."""
 
-    train: GroupRolloutsFn
-    collector: GroupRolloutFn
+    train: GroupRolloutFn
     validation: ValidationRolloutFn
+    failure_budget: StepFailureBudget
 
 
 def single_turn_rollouts(
@@ -71,24 +72,21 @@ def single_turn_rollouts(
     def train(rows: Sequence[dict[str, Any]], group_id_start: int) -> list[Trajectory]:
         return rollout(rows, group_id_start, train_profile, generations)
 
-    def collector(group_rows: list[dict[str, Any]], draw_ids: list[int]) -> list[list[Trajectory]]:
-        # One prompt group per call: its draw id is its group id, unique across epochs and resumes.
-        return [train([row], draw_id) for row, draw_id in zip(group_rows, draw_ids, strict=True)]
-
     def validation(rows: Sequence[dict[str, Any]], num_generations: int) -> tuple[list[Trajectory], int]:
         return rollout(rows, 0, validation_profile, num_generations), 0
 
-    return RolloutFunctions(strict_group_rollouts(train), collector, validation)
+    return RolloutFunctions(strict_group_rollouts(train), validation, StepFailureBudget(0, FAILURE_BUDGET_KEY))
 
 
 def batch_source(
     config: RunConfig,
     rows: list[dict[str, Any]],
     rollouts: RolloutFunctions,
-    failure_budget: StepFailureBudget | None,
+    generator: RemoteGenerator,
     start_step: int,
 ) -> BatchSource:
-    """Sync: generate each step's batch on demand. Async: a collector runs ahead into a trajectory buffer."""
+    """Sync: generate each step's batch on demand, reseeding the generators per step. Async: a collector runs
+    ahead into a trajectory buffer."""
     ppo = config.ppo
     settings = ppo.async_ppo
     # The async collector cycles epochs itself (async PPO is bounded by max_num_steps only, as in the seed).
@@ -101,11 +99,12 @@ def batch_source(
             stream,
             rollouts.train,
             num_prompts_per_step=ppo.num_prompts_per_step,
-            failure_budget=failure_budget or StepFailureBudget(0, FAILURE_BUDGET_KEY),
+            failure_budget=rollouts.failure_budget,
+            reseed=generator.reseed,
         )
     return build_async_source(
         stream,
-        rollouts.collector,
+        rollouts.train,
         num_prompts_per_step=ppo.num_prompts_per_step,
         start_step=start_step,
         policy_training_start_step=ppo.policy_training_start_step,
@@ -114,7 +113,7 @@ def batch_source(
         in_flight_weight_updates=settings.in_flight_weight_updates,
         drop_incomplete_targets_on_restore=settings.drop_incomplete_targets_on_restore,
         watchdog_timeout_s=settings.watchdog_timeout_s,
-        failure_budget=failure_budget,
+        failure_budget=rollouts.failure_budget,
     )
 
 
