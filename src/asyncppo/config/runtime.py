@@ -46,6 +46,11 @@ class WeightSyncConfig(Section):
     checksum_period: NonNegativeInt = 1
     """Compare generator and trainer weight checksums every N pushes; 0 never."""
 
+    @property
+    def bucket_size_bytes(self) -> int:
+        """bucket_size_mb in bytes."""
+        return self.bucket_size_mb * 1024 * 1024
+
 
 class GenerationConfig(Section):
     """Sampling and the generation engine."""

@@ -117,7 +117,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
                 backend="nccl" if gpu else "gloo",
                 timeout_s=sync.timeout_s,
             )
-            weight_sync = WeightSync(policy_group, generation_group, spec, builders.sync_settings(config))
+            weight_sync = WeightSync(policy_group, generation_group, spec, sync)
     except BaseException:
         for group in groups:
             group.kill()
