@@ -150,27 +150,16 @@ def privilege_settings(config: RunConfig) -> PrivilegeSettings | None:
 
 def train_sampling(config: RunConfig, stop_token_ids: tuple[int, ...]) -> SamplingParams:
     gen = config.generation
-    return SamplingParams(
-        temperature=gen.temperature,
-        top_p=gen.top_p,
-        top_k=gen.top_k,
-        max_new_tokens=gen.max_new_tokens,
-        stop_token_ids=stop_token_ids,
-        ignore_eos=gen.ignore_eos,
+    return SamplingParams.for_profile(
+        gen.train_profile, gen.max_new_tokens, top_k=gen.top_k, stop_token_ids=stop_token_ids, ignore_eos=gen.ignore_eos
     )
 
 
 def validation_sampling(config: RunConfig, stop_token_ids: tuple[int, ...]) -> SamplingParams:
     """Validation profile: val_temperature / val_top_p when set; temperature 0 means greedy decoding."""
     gen = config.generation
-    temperature = gen.temperature if gen.val_temperature is None else gen.val_temperature
-    return SamplingParams(
-        temperature=temperature if temperature > 0 else 1.0,
-        top_p=gen.top_p if gen.val_top_p is None else gen.val_top_p,
-        top_k=gen.top_k,
-        max_new_tokens=gen.max_new_tokens,
-        stop_token_ids=stop_token_ids,
-        greedy=temperature == 0,
+    return SamplingParams.for_profile(
+        gen.validation_profile, gen.max_new_tokens, top_k=gen.top_k, stop_token_ids=stop_token_ids
     )
 
 
