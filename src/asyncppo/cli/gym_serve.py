@@ -72,7 +72,7 @@ def _stop_on_signals(stop_requested: threading.Event) -> Iterator[None]:
 
 def _start_policy_server(config: RunConfig, running: contextlib.ExitStack) -> PolicyServer:
     """Load the policy, start its engine and serve it; `running` stops both when it unwinds."""
-    paths = builders.model_paths(config)
+    paths = builders.ModelPaths.resolve(config)
     device = builders.resolve_device(config)
     tokenizer = load_tokenizer(paths.tokenizer)
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)

@@ -64,7 +64,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     train_rows, validation_rows = load_data(config)  # before any process starts: a data error costs nothing
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(dump_config(config))
-    paths = builders.model_paths(config)
+    paths = builders.ModelPaths.resolve(config)
     device = builders.resolve_device(config)
     tokenizer = load_tokenizer(paths.tokenizer)
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)

@@ -165,21 +165,23 @@ def validation_sampling(config: RunConfig, stop_token_ids: tuple[int, ...]) -> S
 
 @dataclass(frozen=True)
 class ModelPaths:
-    """Resolved local directories of the run's models."""
+    """Resolved local directories of the run's models; `resolve` builds tiny and demo models on first use."""
 
     policy: Path
     tokenizer: Path
     value: Path | None
 
-
-def model_paths(config: RunConfig) -> ModelPaths:
-    policy = resolve_model_path(config.model.model_name)
-    tokenizer = Path(config.model.tokenizer) if config.model.tokenizer else policy
-    value = None
-    if config.value is not None:
-        value_name = config.value.model_name
-        value = policy if value_name is None else resolve_model_path(value_name, "value.model_name")
-    return ModelPaths(policy=policy, tokenizer=tokenizer, value=value)
+    @classmethod
+    def resolve(cls, config: RunConfig) -> "ModelPaths":
+        """model.model_name, model.tokenizer (null = the policy's directory) and value.model_name (null = the
+        policy's model; None without a critic)."""
+        policy = resolve_model_path(config.model.model_name)
+        tokenizer = Path(config.model.tokenizer) if config.model.tokenizer else policy
+        value = None
+        if config.value is not None:
+            value_name = config.value.model_name
+            value = policy if value_name is None else resolve_model_path(value_name, "value.model_name")
+        return cls(policy=policy, tokenizer=tokenizer, value=value)
 
 
 def end_and_pad_ids(
@@ -228,27 +230,35 @@ def _build_value_endpoint(model_path: str, device: str, worker_kwargs: dict[str,
     return ValueEndpoint(ValueWorker(model_path, device=device, **worker_kwargs))  # pyright: ignore[reportArgumentType]
 
 
+def _trained_model_options(
+    config: RunConfig, section: TrainedModelConfig, paths: ModelPaths, passes_per_step: int
+) -> dict[str, object]:
+    """Worker options the policy and the value model both take from their section (`model` or `value`)."""
+    return {
+        "dtype": DTYPES[section.precision],
+        "tokenizer_path": str(paths.tokenizer),
+        "optimizer": section.optimizer,
+        "scheduler": section.scheduler,
+        "scheduler_total_steps": optimizer_steps_per_run(config, section, passes_per_step),
+        "max_grad_norm": section.max_grad_norm,
+        "train_global_batch_size": section.train_global_batch_size,
+        "train_micro_batch_size": section.train_micro_batch_size,
+        "logprob_batch_size": section.logprob_batch_size,
+        "activation_checkpointing": section.activation_checkpointing,
+    }
+
+
 def policy_factory(
     config: RunConfig, paths: ModelPaths, device: str, colocated: EngineSettings | None
 ) -> Callable[[], PolicyEndpoint]:
     """A picklable zero-argument factory of the PolicyEndpoint (built in its host process)."""
     section = config.model
-    kwargs: dict[str, object] = {
-        "dtype": DTYPES[section.precision],
-        "tokenizer_path": str(paths.tokenizer),
-        "optimizer": section.optimizer,
-        "scheduler": section.scheduler,
-        "scheduler_total_steps": optimizer_steps_per_run(config, section, config.ppo.ppo_epochs),
-        "max_grad_norm": section.max_grad_norm,
-        "train_global_batch_size": section.train_global_batch_size,
-        "train_micro_batch_size": section.train_micro_batch_size,
+    kwargs = _trained_model_options(config, section, paths, config.ppo.ppo_epochs) | {
         "max_tokens_per_microbatch": section.max_tokens_per_microbatch,
-        "logprob_batch_size": section.logprob_batch_size,
         "temperature": config.generation.temperature,
         "logprob_chunk_size": section.logprob_chunk_size,
         "loss_settings": config.loss_fn,
         "keep_reference": needs_reference_logprobs(config),
-        "activation_checkpointing": section.activation_checkpointing,
     }
     return functools.partial(_build_policy_endpoint, str(paths.policy), device, colocated, kwargs)
 
@@ -257,20 +267,10 @@ def value_factory(config: RunConfig, paths: ModelPaths, device: str) -> Callable
     """A picklable zero-argument factory of the ValueEndpoint."""
     section = config.value
     assert section is not None and paths.value is not None
-    kwargs: dict[str, object] = {
-        "dtype": DTYPES[section.precision],
-        "tokenizer_path": str(paths.tokenizer),
-        "optimizer": section.optimizer,
-        "scheduler": section.scheduler,
-        "scheduler_total_steps": optimizer_steps_per_run(config, section, config.ppo.resolved_critic_ppo_epochs),
-        "max_grad_norm": section.max_grad_norm,
-        "train_global_batch_size": section.train_global_batch_size,
-        "train_micro_batch_size": section.train_micro_batch_size,
+    kwargs = _trained_model_options(config, section, paths, config.ppo.resolved_critic_ppo_epochs) | {
         # Privileged critic sequences are longer by up to the block's reserve; the budget grows with them.
         "max_tokens_per_microbatch": section.critic_max_tokens_per_microbatch,
-        "logprob_batch_size": section.logprob_batch_size,
         "loss_settings": config.value_loss_fn,
-        "activation_checkpointing": section.activation_checkpointing,
     }
     return functools.partial(_build_value_endpoint, str(paths.value), device, kwargs)
 

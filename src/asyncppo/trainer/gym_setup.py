@@ -131,10 +131,7 @@ def start_gym_rollouts(
         # Built-in agents are found through their head server too: the same lookup as against an external gym.
         agent_urls=None if builtin is not None else (dict(gym.agent_urls) or None),
         head_server_url=builtin.head_url if builtin is not None else gym.head_server_url,
-        max_concurrency=gym.max_concurrency,
-        rollout_deadline_s=gym.rollout_deadline_s,
-        max_retries=gym.max_retries,
-        backoff_s=gym.backoff_s,
+        limits=gym,
         train_sampling=config.generation.train_profile,
         validation_sampling=config.generation.validation_profile,
         max_output_tokens=config.generation.max_new_tokens,
