@@ -11,7 +11,8 @@ from asyncppo.algorithms.critic_metrics import (
     positional_value_metrics,
 )
 from asyncppo.algorithms.microbatch import loss_normalizers
-from asyncppo.algorithms.value_loss import ValueLossSettings, explained_variance_from_stats, value_loss
+from asyncppo.algorithms.value_loss import explained_variance_from_stats, value_loss
+from asyncppo.config.losses import ValueLossConfig
 
 RETURNS = torch.tensor([[0.0, 1.0, 2.0, 5.0], [1.0, 3.0, 0.0, 4.0]])
 ALL = torch.ones(2, 4)
@@ -45,7 +46,7 @@ def test_pooled_ev_equals_the_sufficient_statistics_form():
     token_mask[:, 0] = 0.0
     sample_mask = torch.tensor([1.0, 0.5, 0.0, 1.0])
     _, stats = value_loss(
-        ValueLossSettings(scale=1.0, cliprange=None),
+        ValueLossConfig(scale=1.0, cliprange=None),
         values=values,
         old_values=values,
         returns=returns,

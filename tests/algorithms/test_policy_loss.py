@@ -1,6 +1,5 @@
 """Clipped PPO policy loss: hand-computed clip / IS / aggregation / KL cases, micro-batch invariance, reducer."""
 
-import dataclasses
 import math
 
 import pytest
@@ -8,7 +7,8 @@ import torch
 
 from asyncppo.algorithms.microbatch import loss_normalizers, reduce_microbatch_metrics
 from asyncppo.algorithms.mismatch import token_mismatch_metrics
-from asyncppo.algorithms.policy_loss import PolicyLossSettings, policy_loss
+from asyncppo.algorithms.policy_loss import policy_loss
+from asyncppo.config.losses import PolicyLossConfig
 
 
 @pytest.fixture(autouse=True)
@@ -20,34 +20,12 @@ def _float64():
     torch.set_default_dtype(previous)
 
 
-BASE = PolicyLossSettings(
-    ratio_clip_min=0.2,
-    ratio_clip_max=0.2,
-    ratio_clip_c=None,
-    disable_ppo_ratio=False,
-    force_on_policy_ratio=False,
-    token_level_loss=True,
-    sequence_level_importance_ratios=False,
-    reference_policy_kl_penalty=0.0,
-    reference_policy_kl_type="k3",
-    kl_input_clamp_value=20.0,
-    kl_output_clamp_value=10.0,
-    use_kl_in_reward=False,
-    behaviour_kl_penalty=0.0,
-    behaviour_kl_type="k3",
-    behaviour_kl_input_clamp_value=20.0,
-    behaviour_kl_output_clamp_value=10.0,
-    use_importance_sampling_correction=False,
-    truncated_importance_sampling_type=None,
-    truncated_importance_sampling_ratio=None,
-    truncated_importance_sampling_ratio_min=None,
-    use_on_policy_kl_approximation=False,
-    positive_example_nll_weight=0.0,
-)
+BASE = PolicyLossConfig()
+"""The schema's loss_fn defaults: clip 0.2 both ways, no KL terms, no importance-sampling correction."""
 
 
-def settings(**overrides: object) -> PolicyLossSettings:
-    return dataclasses.replace(BASE, **overrides)
+def settings(**overrides: object) -> PolicyLossConfig:
+    return PolicyLossConfig.model_validate(overrides)
 
 
 def with_column0(tokens: torch.Tensor, fill: float = math.nan) -> torch.Tensor:
@@ -56,7 +34,7 @@ def with_column0(tokens: torch.Tensor, fill: float = math.nan) -> torch.Tensor:
 
 
 def run(
-    cfg: PolicyLossSettings,
+    cfg: PolicyLossConfig,
     curr: torch.Tensor,
     old: torch.Tensor,
     adv: torch.Tensor,
@@ -153,7 +131,7 @@ def test_sequence_level_ratios_require_sequence_level_loss():
 def test_truncation_requires_importance_sampling_and_bounds():
     with pytest.raises(ValueError, match="use_importance_sampling_correction"):
         settings(truncated_importance_sampling_type="tis", truncated_importance_sampling_ratio=5.0)
-    with pytest.raises(ValueError, match="ratio_min is required"):
+    with pytest.raises(ValueError, match=r"ratio_min: required when"):
         settings(
             use_importance_sampling_correction=True,
             truncated_importance_sampling_type="icepop",
@@ -417,7 +395,7 @@ def _global_batch() -> dict[str, torch.Tensor]:
     }
 
 
-def _loss_over_splits(cfg: PolicyLossSettings, splits: list[int]) -> tuple[float, torch.Tensor, dict[str, float]]:
+def _loss_over_splits(cfg: PolicyLossConfig, splits: list[int]) -> tuple[float, torch.Tensor, dict[str, float]]:
     """Sum of micro-batch losses, the accumulated gradient of a tiny policy, and the reduced metrics."""
     torch.manual_seed(0)
     policy = torch.nn.Linear(F, V)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from asyncppo.algorithms.microbatch import loss_normalizers, reduce_microbatch_metrics
-from asyncppo.algorithms.value_loss import ValueLossSettings, explained_variance_from_stats, value_loss
+from asyncppo.algorithms.value_loss import explained_variance_from_stats, value_loss
+from asyncppo.config.losses import ValueLossConfig
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +24,7 @@ def with_column0(tokens: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
 
 
 def run(
-    settings: ValueLossSettings,
+    settings: ValueLossConfig,
     values: torch.Tensor,
     returns: torch.Tensor,
     old_values: torch.Tensor | None = None,
@@ -50,7 +51,7 @@ def run(
     )
 
 
-PLAIN = ValueLossSettings(scale=1.0, cliprange=None)
+PLAIN = ValueLossConfig(scale=1.0, cliprange=None)
 
 
 def test_basic_mse_is_half_mean_squared_error():
@@ -68,7 +69,7 @@ def test_clipping_takes_the_larger_error_and_cuts_the_gradient():
     # gradient: token 0: 0.5 * 2 (V - G) / 2 = -0.5; token 1: 0.
     values = torch.tensor([[1.0, 2.5]], requires_grad=True)
     returns, old = torch.tensor([[2.0, 4.0]]), torch.tensor([[1.5, 2.0]])
-    clipped, metrics = run(ValueLossSettings(scale=1.0, cliprange=0.2), values, returns, old_values=old)
+    clipped, metrics = run(ValueLossConfig(scale=1.0, cliprange=0.2), values, returns, old_values=old)
     unclipped, _ = run(PLAIN, values, returns, old_values=old)
     clipped.backward()
     assert clipped.item() == pytest.approx(1.06)
@@ -81,15 +82,15 @@ def test_clipping_takes_the_larger_error_and_cuts_the_gradient():
 def test_clipped_loss_is_never_below_unclipped():
     generator = torch.Generator().manual_seed(3)
     values, returns, old = (torch.randn(4, 6, generator=generator) for _ in range(3))
-    clipped, _ = run(ValueLossSettings(scale=1.0, cliprange=0.1), values, returns, old_values=old)
+    clipped, _ = run(ValueLossConfig(scale=1.0, cliprange=0.1), values, returns, old_values=old)
     unclipped, _ = run(PLAIN, values, returns, old_values=old)
     assert clipped.item() > unclipped.item()
 
 
 def test_double_scale_doubles_the_loss():
     values, returns = torch.tensor([[0.3, -1.0, 2.0]]), torch.tensor([[1.0, 0.0, 1.0]])
-    single, _ = run(ValueLossSettings(scale=1.0, cliprange=None), values, returns)
-    double, _ = run(ValueLossSettings(scale=2.0, cliprange=None), values, returns)
+    single, _ = run(ValueLossConfig(scale=1.0, cliprange=None), values, returns)
+    double, _ = run(ValueLossConfig(scale=2.0, cliprange=None), values, returns)
     assert single.item() > 0
     assert double.item() == pytest.approx(2 * single.item())
 
@@ -109,12 +110,12 @@ def test_masked_tokens_and_masked_samples_do_not_count():
 
 def test_perfect_prediction_has_zero_loss():
     returns = torch.tensor([[0.2, 0.7, 1.0]])
-    loss, _ = run(ValueLossSettings(scale=1.0, cliprange=0.2), returns.clone(), returns)
+    loss, _ = run(ValueLossConfig(scale=1.0, cliprange=0.2), returns.clone(), returns)
     assert loss.item() == pytest.approx(0.0, abs=1e-12)
 
 
 def test_metric_keys_present():
-    _, metrics = run(ValueLossSettings(scale=1.0, cliprange=0.2), torch.ones(2, 3), torch.zeros(2, 3))
+    _, metrics = run(ValueLossConfig(scale=1.0, cliprange=0.2), torch.ones(2, 3), torch.zeros(2, 3))
     expected = {
         "loss",
         "vf_clipfrac",
@@ -158,9 +159,9 @@ def test_an_all_masked_global_batch_is_an_error_not_a_nan():
 
 def test_settings_reject_non_positive_scale_and_cliprange():
     with pytest.raises(ValueError, match="scale"):
-        ValueLossSettings(scale=0.0, cliprange=None)
+        ValueLossConfig(scale=0.0, cliprange=None)
     with pytest.raises(ValueError, match="cliprange"):
-        ValueLossSettings(scale=1.0, cliprange=0.0)
+        ValueLossConfig(scale=1.0, cliprange=0.0)
 
 
 # ---- micro-batch invariance -------------------------------------------------------------------------------------
@@ -168,7 +169,7 @@ def test_settings_reject_non_positive_scale_and_cliprange():
 B, S, F = 5, 8, 3
 
 
-def _loss_over_splits(settings: ValueLossSettings, splits: list[int]) -> tuple[float, torch.Tensor, dict[str, float]]:
+def _loss_over_splits(settings: ValueLossConfig, splits: list[int]) -> tuple[float, torch.Tensor, dict[str, float]]:
     """Sum of micro-batch losses, accumulated gradient of a tiny right-shifted value head, reduced metrics."""
     torch.manual_seed(0)
     head = torch.nn.Linear(F, 1)
@@ -209,7 +210,7 @@ def _loss_over_splits(settings: ValueLossSettings, splits: list[int]) -> tuple[f
 @pytest.mark.parametrize("cliprange", [None, 0.1])
 @pytest.mark.parametrize("splits", [[2, 3], [1, 4], [3, 1, 1], [1] * 5], ids=str)
 def test_loss_gradient_and_statistics_do_not_depend_on_micro_batch_split(cliprange: float | None, splits: list[int]):
-    settings = ValueLossSettings(scale=0.4, cliprange=cliprange)
+    settings = ValueLossConfig(scale=0.4, cliprange=cliprange)
     whole_loss, whole_gradient, whole_metrics = _loss_over_splits(settings, [B])
     loss, gradient, metrics = _loss_over_splits(settings, splits)
     assert loss == pytest.approx(whole_loss, abs=1e-6)

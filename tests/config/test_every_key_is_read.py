@@ -30,6 +30,11 @@ CONFIG_PACKAGE = SRC / "config"
 # Keys read only through config properties: key -> the chain of properties (Class.property), each reading the
 # previous link (the first reads the field); the last is read by the code outside the config.
 READ_THROUGH_PROPERTIES: dict[str, tuple[str, ...]] = {
+    # The validation profile falls back to the training values; rollouts and the policy server read the profile.
+    "generation.val_temperature": ("GenerationConfig.validation_profile",),
+    "generation.val_top_p": ("GenerationConfig.validation_profile",),
+    # Megabytes in the file, bytes on the wire: the weight sync reads the bytes.
+    "generation.weight_sync.bucket_size_mb": ("WeightSyncConfig.bucket_size_bytes",),
     # Parsed from DD:HH:MM:SS once; the driver reads the seconds.
     "checkpointing.checkpoint_must_save_by": ("CheckpointingConfig.must_save_by_seconds",),
     # Part of the privileged block's reserve, which raises the critic's token budget (builders.value_factory).

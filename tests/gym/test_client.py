@@ -21,12 +21,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from asyncppo.config.runtime import SamplingProfile
 from asyncppo.gym.client import (
     AgentHTTPError,
     GymClient,
     MalformedResultError,
     RolloutDeadlineError,
-    SamplingProfile,
     agent_urls_from_config,
 )
 

@@ -8,6 +8,7 @@ import pytest
 from gym_fakes import ScriptedGenerator
 from transformers import PreTrainedTokenizerBase
 
+from asyncppo.config.runtime import SamplingProfile
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.models.tiny import EOS_TOKEN_ID
 
@@ -41,8 +42,8 @@ def client(tokenizer: PreTrainedTokenizerBase) -> Iterator[openai.OpenAI]:
         generator,  # pyright: ignore[reportArgumentType]
         tokenizer,
         model_name="policy",
-        train_sampling=(1.0, 1.0),
-        validation_sampling=(0.0, 1.0),
+        train_sampling=SamplingProfile(1.0, 1.0),
+        validation_sampling=SamplingProfile(0.0, 1.0),
         max_model_len=512,
         api_key=API_KEY,
     )

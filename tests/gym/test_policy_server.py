@@ -12,6 +12,7 @@ import torch
 from gym_fakes import ScriptedGenerator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.hf_generator import HFGenerator
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
@@ -19,7 +20,7 @@ from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 
 MAX_MODEL_LEN = 512
-TRAIN, VALIDATION = (1.0, 1.0), (0.0, 1.0)
+TRAIN, VALIDATION = SamplingProfile(1.0, 1.0), SamplingProfile(0.0, 1.0)
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 

@@ -12,6 +12,7 @@ from gym_fakes import ScriptedGenerator
 from pydantic import ValidationError
 from transformers import PreTrainedTokenizerBase
 
+from asyncppo.config.runtime import SamplingProfile
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.gym.protocol import OFF_POLICY_KNOBS, FunctionCall, ResponseMessage, ToolCall
 from asyncppo.gym.responses import (
@@ -225,8 +226,8 @@ def serve(tokenizer: PreTrainedTokenizerBase, generator: ScriptedGenerator) -> P
         generator,  # pyright: ignore[reportArgumentType]
         tokenizer,
         model_name="policy",
-        train_sampling=(1.0, 1.0),
-        validation_sampling=(0.0, 1.0),
+        train_sampling=SamplingProfile(1.0, 1.0),
+        validation_sampling=SamplingProfile(0.0, 1.0),
         max_model_len=MAX_MODEL_LEN,
         api_key=None,
     )

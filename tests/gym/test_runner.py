@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerBase
 
+from asyncppo.config.runtime import GymConfig, SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.client import AgentConnectionError, SamplingProfile
+from asyncppo.gym.client import AgentConnectionError
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.gym.runner import GymClientSettings, GymRolloutRunner
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
@@ -42,8 +43,8 @@ def gym(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple[BuiltinGym, Answer
         answers,  # pyright: ignore[reportArgumentType]
         tokenizer,
         model_name="policy",
-        train_sampling=(1.0, 1.0),
-        validation_sampling=(0.0, 1.0),
+        train_sampling=SamplingProfile(1.0, 1.0),
+        validation_sampling=SamplingProfile(0.0, 1.0),
         max_model_len=256,
         api_key=None,
     )
@@ -57,10 +58,7 @@ def make_runner(
     settings = GymClientSettings(
         agent_urls=None,
         head_server_url=head_url,
-        max_concurrency=8,
-        rollout_deadline_s=30,
-        max_retries=0,
-        backoff_s=0.0,
+        limits=GymConfig(max_concurrency=8, rollout_deadline_s=30, max_retries=0, backoff_s=0.0),
         train_sampling=SamplingProfile(1.0, 1.0),
         validation_sampling=SamplingProfile(0.0, 1.0),
         max_output_tokens=16,

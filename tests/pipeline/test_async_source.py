@@ -15,6 +15,7 @@ from pipeline_fakes import (
     wait_until,
 )
 
+from asyncppo.config.ppo import AsyncPPOConfig
 from asyncppo.pipeline.async_source import build_async_source
 from asyncppo.pipeline.buffer import DROP_REASONS
 from asyncppo.pipeline.errors import StallError
@@ -174,19 +175,23 @@ def test_long_random_run_never_exceeds_the_staleness_window(
     assert sorted(seen) == [draw_id for start_id, end_id in report.trained for draw_id in range(start_id, end_id)]
 
 
-def test_build_async_source_wires_the_pieces_from_plain_settings():
+def test_build_async_source_wires_the_pieces_from_the_async_section():
     generator = FakeGenerator()
-    source = build_async_source(
-        ListPrompts(100, 2),
-        generator.rollout,
-        num_prompts_per_step=2,
-        start_step=0,
-        policy_training_start_step=1,
+    settings = AsyncPPOConfig(
+        enabled=True,
         max_trajectory_age_steps=1,
         warmup_max_trajectory_age_steps=None,  # null: the train age
         in_flight_weight_updates=True,
         drop_incomplete_targets_on_restore=True,
         watchdog_timeout_s=5.0,
+    )
+    source = build_async_source(
+        ListPrompts(100, 2),
+        generator.rollout,
+        settings,
+        num_prompts_per_step=2,
+        start_step=0,
+        policy_training_start_step=1,
         failure_budget=StepFailureBudget(0, "max_failed_groups_per_step"),
     )
     try:

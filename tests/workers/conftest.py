@@ -8,7 +8,7 @@ import pytest
 import torch
 from worker_fakes import common_options, policy_loss_settings
 
-from asyncppo.algorithms.value_loss import ValueLossSettings
+from asyncppo.config.losses import ValueLossConfig
 from asyncppo.models.tiny import ensure_tiny
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.value_worker import ValueWorker
@@ -50,7 +50,7 @@ def make_value(tiny_dir: Path) -> Callable[..., ValueWorker]:
     """ValueWorker on the tiny model (zero head); keyword arguments override the defaults."""
 
     def build(**overrides: Any) -> ValueWorker:
-        options = {"loss_settings": ValueLossSettings(scale=1.0, cliprange=None)}
+        options = {"loss_settings": ValueLossConfig(scale=1.0, cliprange=None)}
         return ValueWorker(tiny_dir, **(common_options(options | overrides)))
 
     return build

@@ -7,7 +7,7 @@ import pytest
 import torch
 from worker_fakes import make_batch, weights_of, with_old_logprobs
 
-from asyncppo.workers.optim import OptimizerSettings
+from asyncppo.config.models import OptimizerConfig
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.value_worker import ValueWorker
 
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 LENGTHS = [8, 12, 10, 6, 12, 7]
 # eps = 1 keeps Adam's first update proportional to the gradient, so CPU and GPU agree to rounding.
-PROPORTIONAL = OptimizerSettings(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1.0)
+PROPORTIONAL = OptimizerConfig(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1.0)
 
 
 def test_policy_on_cuda_matches_cpu_and_uses_fused_adamw(make_policy: Callable[..., PolicyWorker]) -> None:

@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from worker_fakes import common_options, make_batch, policy_loss_settings, with_old_logprobs
 
-from asyncppo.algorithms.value_loss import ValueLossSettings
-from asyncppo.workers.optim import OptimizerSettings
+from asyncppo.config.losses import ValueLossConfig
+from asyncppo.config.models import OptimizerConfig
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.value_worker import ValueWorker
 
@@ -31,7 +31,7 @@ def build_workers(model_dir: Path, device: str) -> tuple[PolicyWorker, ValueWork
         "train_global_batch_size": 4,
         "max_tokens_per_microbatch": 20,
         "logprob_batch_size": 2,
-        "optimizer": OptimizerSettings(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1.0),
+        "optimizer": OptimizerConfig(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1.0),
     }
     policy_options = {
         "temperature": 1.0,
@@ -40,7 +40,7 @@ def build_workers(model_dir: Path, device: str) -> tuple[PolicyWorker, ValueWork
         "keep_reference": True,
     }
     policy = PolicyWorker(model_dir, **common_options(shared | policy_options))
-    value = ValueWorker(model_dir, **common_options(shared | {"loss_settings": ValueLossSettings(1.0, 0.5)}))
+    value = ValueWorker(model_dir, **common_options(shared | {"loss_settings": ValueLossConfig(scale=1.0, cliprange=0.5)}))
     return policy, value
 
 

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from worker_fakes import make_batch, policy_loss_settings, weights_of, with_old_logprobs
 
+from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.models.policy import load_policy, token_logprobs
-from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.scoring import disable_dropout
 from asyncppo.workers.training import NonFiniteTrainingError
@@ -30,7 +30,7 @@ def test_logprobs_equal_token_logprobs_of_the_loaded_model(make_policy: MakePoli
 
 
 def test_training_raises_logprobs_of_positive_advantage_tokens(make_policy: MakePolicy) -> None:
-    worker = make_policy(optimizer=OptimizerSettings(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8))
+    worker = make_policy(optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8))
     batch = with_old_logprobs(worker, make_batch(LENGTHS))
     assert batch.advantages is not None and batch.old_logprobs is not None
     losses = [worker.train(batch)["policy/loss"] for _ in range(3)]  # old logprobs fixed, as within one step
@@ -43,7 +43,7 @@ def test_training_raises_logprobs_of_positive_advantage_tokens(make_policy: Make
 def test_micro_batch_split_does_not_change_the_update(make_policy: MakePolicy) -> None:
     # eps = 1 makes Adam's first step ~ lr g / (|g| + 1), proportional to the gradient, so a normalisation error
     # (which Adam's usual sign-like first step would hide) shows up in the weights. No clipping for the same reason.
-    optimizer = OptimizerSettings(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1.0)
+    optimizer = OptimizerConfig(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1.0)
     reference = make_policy(optimizer=optimizer, max_grad_norm=None, train_micro_batch_size=len(LENGTHS))
     batch = with_old_logprobs(reference, make_batch(LENGTHS))
     before = weights_of(reference.model)
@@ -74,7 +74,7 @@ def test_one_optimizer_step_per_global_batch_including_the_remainder(make_policy
 
 
 def test_save_and_load_resume_bit_exactly(make_policy: MakePolicy, tmp_path: Path) -> None:
-    schedule = SchedulerSettings(name="linear", warmup_steps=2, total_steps=10, min_lr_ratio=0.0)
+    schedule = SchedulerConfig(name="linear", warmup_steps=2, total_steps=10, min_lr_ratio=0.0)
     worker = make_policy(scheduler=schedule)
     batch = with_old_logprobs(worker, make_batch(LENGTHS))
     worker.train(batch)

@@ -9,10 +9,10 @@ from transformers import AutoModelForSequenceClassification
 from worker_fakes import make_batch, weights_of
 
 from asyncppo.algorithms.critic_metrics import pooled_explained_variance
-from asyncppo.algorithms.value_loss import ValueLossSettings
+from asyncppo.config.losses import ValueLossConfig
+from asyncppo.config.models import SchedulerConfig
 from asyncppo.models.value import value_head, values
 from asyncppo.types import TrainBatch
-from asyncppo.workers.optim import SchedulerSettings
 from asyncppo.workers.value_worker import ValueWorker
 
 LENGTHS = [8, 12, 10, 6, 12, 7]
@@ -45,7 +45,7 @@ def test_values_equal_the_models_right_shifted_values(make_value: MakeValue) -> 
 
 
 def test_training_moves_values_toward_the_returns(make_value: MakeValue) -> None:
-    worker = make_value(loss_settings=ValueLossSettings(scale=1.0, cliprange=0.5))
+    worker = make_value(loss_settings=ValueLossConfig(scale=1.0, cliprange=0.5))
     batch = critic_batch(worker)
     first = worker.train(batch, eval_only=True)["critic/loss"]
     for _ in range(4):
@@ -82,7 +82,7 @@ def test_critic_masks_override_the_policy_masks(make_value: MakeValue) -> None:
 
 
 def test_save_and_load_resume_bit_exactly(make_value: MakeValue, tmp_path: Path) -> None:
-    schedule = SchedulerSettings(name="cosine", warmup_steps=1, total_steps=5, min_lr_ratio=0.1)
+    schedule = SchedulerConfig(name="cosine", warmup_steps=1, total_steps=5, min_lr_ratio=0.1)
     worker = make_value(scheduler=schedule)
     batch = critic_batch(worker)
     worker.train(batch)
@@ -105,7 +105,7 @@ def test_save_and_load_resume_bit_exactly(make_value: MakeValue, tmp_path: Path)
 
 
 def test_warm_start_keeps_the_weights_and_resets_the_optimizer(make_value: MakeValue, tmp_path: Path) -> None:
-    schedule = SchedulerSettings(name="linear", warmup_steps=3, total_steps=10, min_lr_ratio=0.0)
+    schedule = SchedulerConfig(name="linear", warmup_steps=3, total_steps=10, min_lr_ratio=0.0)
     pretrained = make_value(scheduler=schedule)
     pretrained.train(critic_batch(pretrained))
     pretrained.save(tmp_path / "critic")
@@ -121,7 +121,7 @@ def test_warm_start_keeps_the_weights_and_resets_the_optimizer(make_value: MakeV
 
 
 def test_train_needs_returns_and_old_values_when_clipping(make_value: MakeValue) -> None:
-    worker = make_value(loss_settings=ValueLossSettings(scale=1.0, cliprange=0.2))
+    worker = make_value(loss_settings=ValueLossConfig(scale=1.0, cliprange=0.2))
     batch = make_batch(LENGTHS)
     with pytest.raises(ValueError, match="returns"):
         worker.train(batch.with_fields(returns=None))

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from asyncppo.algorithms.policy_loss import PolicyLossSettings
+from asyncppo.config.losses import PolicyLossConfig
+from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.types import MessageSpan, TrainBatch
-from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.policy_worker import PolicyWorker
 
 PROMPT_LENGTH = 3
@@ -50,32 +50,9 @@ def make_batch(lengths: list[int], seed: int = 0, vocab_size: int = 300) -> Trai
     )
 
 
-def policy_loss_settings(**overrides: Any) -> PolicyLossSettings:
-    settings: dict[str, Any] = {
-        "ratio_clip_min": 0.2,
-        "ratio_clip_max": 0.2,
-        "ratio_clip_c": None,
-        "disable_ppo_ratio": False,
-        "force_on_policy_ratio": False,
-        "token_level_loss": True,
-        "sequence_level_importance_ratios": False,
-        "reference_policy_kl_penalty": 0.0,
-        "reference_policy_kl_type": "k3",
-        "kl_input_clamp_value": 20.0,
-        "kl_output_clamp_value": 10.0,
-        "use_kl_in_reward": False,
-        "behaviour_kl_penalty": 0.0,
-        "behaviour_kl_type": "k3",
-        "behaviour_kl_input_clamp_value": 20.0,
-        "behaviour_kl_output_clamp_value": 10.0,
-        "use_importance_sampling_correction": True,
-        "truncated_importance_sampling_type": None,
-        "truncated_importance_sampling_ratio": None,
-        "truncated_importance_sampling_ratio_min": None,
-        "use_on_policy_kl_approximation": False,
-        "positive_example_nll_weight": 0.0,
-    }
-    return PolicyLossSettings(**(settings | overrides))
+def policy_loss_settings(**overrides: Any) -> PolicyLossConfig:
+    """The schema's loss_fn defaults, with importance-sampling correction on (the workers' tests feed gen logprobs)."""
+    return PolicyLossConfig(**({"use_importance_sampling_correction": True} | overrides))
 
 
 def common_options(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -83,8 +60,8 @@ def common_options(overrides: dict[str, Any]) -> dict[str, Any]:
         "dtype": "float32",
         "device": "cpu",
         "tokenizer_path": None,
-        "optimizer": OptimizerSettings(lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8),
-        "scheduler": SchedulerSettings(name="constant", warmup_steps=0, total_steps=None, min_lr_ratio=0.0),
+        "optimizer": OptimizerConfig(lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8),
+        "scheduler": SchedulerConfig(name="constant", warmup_steps=0, total_steps=None, min_lr_ratio=0.0),
         "scheduler_total_steps": None,
         "max_grad_norm": 1.0,
         "train_global_batch_size": None,

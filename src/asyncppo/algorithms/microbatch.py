@@ -9,7 +9,7 @@ Shapes: B sequences, S token positions.
 """
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,26 +62,40 @@ def scalars_to_floats(scalars: Mapping[str, torch.Tensor]) -> dict[str, float]:
     return {key: float(stacked[i]) for i, key in enumerate(scalars)}
 
 
-def reduce_microbatch_metrics(metrics: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Combine per-micro-batch metrics into global-batch metrics.
+def reduce_metrics_by_key(
+    metrics: Iterable[Mapping[str, float]],
+    combine: Callable[[list[float]], float],
+    *,
+    skip_infinite_extremes: bool = False,
+) -> dict[str, float]:
+    """One number per key: `_min` keys reduce by min, `_max` keys by max, every other key by `combine`.
 
-    Keys ending in `_min` reduce by min and keys ending in `_max` by max, ignoring +-inf (a micro-batch with no
-    valid token reports +-inf) and giving -1.0 when no finite value is left. Every other key is a contribution
-    already divided by a global count, so it reduces by sum. A key missing from some micro-batches reduces over
-    those that have it.
+    With `skip_infinite_extremes`, +-inf is ignored by min and max (a micro-batch with no valid token reports
+    +-inf) and a key with no finite value left gives -1.0. A key missing from some entries reduces over those
+    that have it.
     """
     collected: dict[str, list[float]] = {}
-    for microbatch in metrics:
-        for key, value in microbatch.items():
+    for entry in metrics:
+        for key, value in entry.items():
             collected.setdefault(key, []).append(value)
     reduced: dict[str, float] = {}
     for key, values in collected.items():
-        if key.endswith(("_min", "_max")):
-            finite = [value for value in values if not math.isinf(value)]
-            if not finite:
-                reduced[key] = -1.0
-            else:
-                reduced[key] = min(finite) if key.endswith("_min") else max(finite)
+        if not key.endswith(("_min", "_max")):
+            reduced[key] = combine(values)
+            continue
+        extremes = [value for value in values if not math.isinf(value)] if skip_infinite_extremes else values
+        if not extremes:
+            reduced[key] = -1.0
         else:
-            reduced[key] = math.fsum(values)
+            reduced[key] = min(extremes) if key.endswith("_min") else max(extremes)
     return reduced
+
+
+def reduce_microbatch_metrics(metrics: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Combine per-micro-batch metrics into global-batch metrics.
+
+    Keys ending in `_min` reduce by min and keys ending in `_max` by max, ignoring +-inf and giving -1.0 when no
+    finite value is left. Every other key is a contribution already divided by a global count, so it reduces by
+    sum.
+    """
+    return reduce_metrics_by_key(metrics, math.fsum, skip_infinite_extremes=True)

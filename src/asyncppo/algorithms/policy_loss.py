@@ -11,83 +11,12 @@ tensor is dropped before anything else (S' = S - 1 columns remain). The mismatch
 `mismatch.py` (one implementation of each).
 """
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
-from asyncppo.algorithms.kl import KLType, kl_estimate
+from asyncppo.algorithms.kl import kl_estimate
 from asyncppo.algorithms.microbatch import masked_max, masked_min, scalars_to_floats
 from asyncppo.algorithms.mismatch import approx_entropy, token_mismatch_stats
-
-TruncatedISType = Literal["tis", "icepop", "seq-mask-tis"]
-
-
-@dataclass(frozen=True)
-class PolicyLossSettings:
-    """The `loss_fn.*` config keys, as plain values (the config schema holds the defaults)."""
-
-    ratio_clip_min: float
-    ratio_clip_max: float
-    ratio_clip_c: float | None
-    disable_ppo_ratio: bool
-    force_on_policy_ratio: bool
-    token_level_loss: bool
-    sequence_level_importance_ratios: bool
-    reference_policy_kl_penalty: float
-    reference_policy_kl_type: KLType
-    kl_input_clamp_value: float | None
-    kl_output_clamp_value: float | None
-    use_kl_in_reward: bool
-    behaviour_kl_penalty: float
-    behaviour_kl_type: KLType
-    behaviour_kl_input_clamp_value: float | None
-    behaviour_kl_output_clamp_value: float | None
-    use_importance_sampling_correction: bool
-    truncated_importance_sampling_type: TruncatedISType | None
-    truncated_importance_sampling_ratio: float | None
-    truncated_importance_sampling_ratio_min: float | None
-    use_on_policy_kl_approximation: bool
-    positive_example_nll_weight: float
-
-    def __post_init__(self) -> None:
-        if self.ratio_clip_min < 0 or self.ratio_clip_max < 0:
-            raise ValueError(
-                f"loss_fn.ratio_clip_min/max must be >= 0, got {self.ratio_clip_min}, {self.ratio_clip_max}"
-            )
-        if self.ratio_clip_c is not None and not self.ratio_clip_c > 1:
-            raise ValueError(f"loss_fn.ratio_clip_c must be None or > 1, got {self.ratio_clip_c}")
-        if self.sequence_level_importance_ratios and self.token_level_loss:
-            raise ValueError("loss_fn.sequence_level_importance_ratios requires loss_fn.token_level_loss=false")
-        for key in ("reference_policy_kl_penalty", "behaviour_kl_penalty", "positive_example_nll_weight"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"loss_fn.{key} must be >= 0, got {getattr(self, key)}")
-        self._check_truncation()
-
-    def _check_truncation(self) -> None:
-        kind = self.truncated_importance_sampling_type
-        if kind is None:
-            return
-        if kind not in ("tis", "icepop", "seq-mask-tis"):
-            raise ValueError(
-                f"loss_fn.truncated_importance_sampling_type={kind!r}: use null, tis, icepop, seq-mask-tis"
-            )
-        if not self.use_importance_sampling_correction:
-            raise ValueError(
-                f"loss_fn.truncated_importance_sampling_type={kind!r} requires use_importance_sampling_correction"
-            )
-        high, low = self.truncated_importance_sampling_ratio, self.truncated_importance_sampling_ratio_min
-        if high is None or not high > 0:
-            raise ValueError(f"loss_fn.truncated_importance_sampling_ratio must be > 0 for {kind!r}, got {high}")
-        if low is None and kind != "tis":
-            raise ValueError(f"loss_fn.truncated_importance_sampling_ratio_min is required for {kind!r}")
-        if low is not None and not 0 <= low <= high:
-            raise ValueError(f"loss_fn.truncated_importance_sampling_ratio_min={low} must lie in [0, ratio={high}]")
-
-    @property
-    def uses_reference_kl(self) -> bool:
-        """The loss carries the reference KL term (it moves into the reward when use_kl_in_reward)."""
-        return not self.use_kl_in_reward and self.reference_policy_kl_penalty > 0
+from asyncppo.config.losses import PolicyLossConfig
 
 
 def _aggregate(
@@ -114,7 +43,7 @@ def _sequence_sum(x: torch.Tensor, token_mask: torch.Tensor) -> tuple[torch.Tens
 
 
 def importance_weights(
-    settings: PolicyLossSettings,
+    settings: PolicyLossConfig,
     old_logprobs: torch.Tensor,
     generation_logprobs: torch.Tensor,
     token_mask: torch.Tensor,
@@ -154,7 +83,7 @@ def importance_weights(
 
 
 def _clipped_actor_terms(
-    settings: PolicyLossSettings,
+    settings: PolicyLossConfig,
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
@@ -192,7 +121,7 @@ def _clipped_actor_terms(
 
 
 def _reference_kl_per_token(
-    settings: PolicyLossSettings,
+    settings: PolicyLossConfig,
     logprobs: torch.Tensor,
     reference_logprobs: torch.Tensor,
     generation_logprobs: torch.Tensor | None,
@@ -223,7 +152,7 @@ def _require(tensor: torch.Tensor | None, name: str, reason: str) -> torch.Tenso
 
 
 def policy_loss(
-    settings: PolicyLossSettings,
+    settings: PolicyLossConfig,
     *,
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -10,26 +10,12 @@ values[0] = 0), so column 0 never holds a prediction and is dropped (S' = S - 1 
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
 from asyncppo.algorithms.critic_metrics import explained_variance
 from asyncppo.algorithms.microbatch import masked_max, masked_min, scalars_to_floats
-
-
-@dataclass(frozen=True)
-class ValueLossSettings:
-    """The `value_loss_fn.*` keys that shape the loss (homogeneous_group_weight acts on sample_mask upstream)."""
-
-    scale: float
-    cliprange: float | None
-
-    def __post_init__(self) -> None:
-        if not self.scale > 0:
-            raise ValueError(f"value_loss_fn.scale must be > 0, got {self.scale}")
-        if self.cliprange is not None and not self.cliprange > 0:
-            raise ValueError(f"value_loss_fn.cliprange must be null or > 0, got {self.cliprange}")
+from asyncppo.config.losses import ValueLossConfig
 
 
 def _squeeze_head(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -42,7 +28,7 @@ def _squeeze_head(x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def value_loss(
-    settings: ValueLossSettings,
+    settings: ValueLossConfig,
     *,
     values: torch.Tensor,
     old_values: torch.Tensor,

@@ -50,7 +50,7 @@ def run_bench_generate_command(args: argparse.Namespace) -> int:
     backends = [name for name in args.backends.split(",") if name]
     if unknown := [name for name in backends if name not in ("graph", "hf")]:
         raise ConfigError([f"--backends: unknown {unknown}; expected graph and/or hf"])
-    paths = builders.model_paths(config)
+    paths = builders.ModelPaths.resolve(config)
     device = torch.device(builders.resolve_device(config))
     tokenizer = load_tokenizer(paths.tokenizer)
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)

@@ -25,7 +25,7 @@ from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.policy import load_policy
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.trainer import builders
-from asyncppo.trainer.gym_setup import check_builtin_resources, policy_server_settings, sampling_profiles
+from asyncppo.trainer.gym_setup import check_builtin_resources, policy_server_settings
 from asyncppo.workers.policy_http import HOST, start_policy_server
 
 READY = "ready"
@@ -72,7 +72,7 @@ def _stop_on_signals(stop_requested: threading.Event) -> Iterator[None]:
 
 def _start_policy_server(config: RunConfig, running: contextlib.ExitStack) -> PolicyServer:
     """Load the policy, start its engine and serve it; `running` stops both when it unwinds."""
-    paths = builders.model_paths(config)
+    paths = builders.ModelPaths.resolve(config)
     device = builders.resolve_device(config)
     tokenizer = load_tokenizer(paths.tokenizer)
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
@@ -97,7 +97,7 @@ def _print_servers(config: RunConfig, server: PolicyServer, gym: BuiltinGym) -> 
         print(f"agent {name}: {url}  (POST /run)")
     for name, url in gym.resources_urls.items():
         print(f"resources {name}: {url}")
-    train, _ = sampling_profiles(config)
+    train = config.generation.train_profile
     body = {"model": gym_config.model_name, "input": "What is 2+3?", "temperature": train.temperature}
     body["top_p"] = train.top_p
     headers = "-H 'Content-Type: application/json'"

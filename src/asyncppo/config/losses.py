@@ -69,7 +69,27 @@ class PolicyLossConfig(Section):
                     "truncated_importance_sampling_ratio",
                     f"required when truncated_importance_sampling_type={self.truncated_importance_sampling_type!r}",
                 )
+            self._check_truncation_bounds(
+                self.truncated_importance_sampling_type, self.truncated_importance_sampling_ratio
+            )
         return self
+
+    def _check_truncation_bounds(self, kind: str, high: float) -> None:
+        low = self.truncated_importance_sampling_ratio_min
+        if low is None and kind != "tis":
+            raise RuleError(
+                "truncated_importance_sampling_ratio_min", f"required when truncated_importance_sampling_type={kind!r}"
+            )
+        if low is not None and low > high:
+            raise RuleError(
+                "truncated_importance_sampling_ratio_min",
+                f"{low} must lie in [0, truncated_importance_sampling_ratio={high}]",
+            )
+
+    @property
+    def uses_reference_kl(self) -> bool:
+        """The loss carries the reference KL term (it moves into the reward when use_kl_in_reward)."""
+        return not self.use_kl_in_reward and self.reference_policy_kl_penalty > 0
 
 
 class ValueLossConfig(Section):

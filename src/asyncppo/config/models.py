@@ -1,13 +1,14 @@
 """Config sections for the trained models: the policy (`model`), the critic (`value`) and their optimizers."""
 
 import re
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from asyncppo.config.base import RuleError, Section
 
 Precision = Literal["float32", "bfloat16", "float16"]
+AdamBeta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class OptimizerConfig(Section):
@@ -17,7 +18,7 @@ class OptimizerConfig(Section):
     """Peak learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)
     """Decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[AdamBeta, AdamBeta] = (0.9, 0.999)
     """Adam beta1, beta2."""
     eps: float = Field(default=1e-8, gt=0)
     """Adam epsilon."""

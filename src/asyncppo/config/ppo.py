@@ -4,7 +4,8 @@ Keys follow NeMo-RL's names so its configs port over. The estimator keys it read
 default stay required here, as NeMo-RL requires them: a run never silently picks a lambda or a baseline.
 """
 
-from typing import Literal, Self
+from dataclasses import dataclass
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -12,26 +13,19 @@ from asyncppo.config.base import RuleError, Section
 
 EstimatorName = Literal["gae", "turn_gae", "raw_reward"]
 
-# Keys each estimator reads without a default; missing ones are reported with their full path.
-_REQUIRED_ESTIMATOR_KEYS: dict[str, tuple[str, ...]] = {
-    "gae": (
-        "gae_gamma",
-        "gae_lambda",
-        "gae_lambda_value",
-        "gae_lambda_policy",
-        "length_adaptive_alpha",
-        "normalize_advantages",
-        "residual_baseline",
-    ),
-    "turn_gae": (
-        "turn_gae_gamma",
-        "turn_gae_lambda_value",
-        "turn_gae_lambda_policy",
-        "normalize_advantages",
-        "residual_baseline",
-    ),
-    "raw_reward": ("normalize_advantages",),
-}
+
+@dataclass(frozen=True)
+class RequiredFor:
+    """Field marker: the estimators that read this key without a default, so a config must write it (a missing
+    key is reported with its full path); `null_allowed` keys may be written as null."""
+
+    estimators: tuple[EstimatorName, ...]
+    null_allowed: bool = False
+
+
+_GAE = RequiredFor(("gae",))
+_TURN_GAE = RequiredFor(("turn_gae",))
+_GAE_MAY_BE_NULL = RequiredFor(("gae",), null_allowed=True)
 
 
 class AdvEstimatorConfig(Section):
@@ -39,25 +33,26 @@ class AdvEstimatorConfig(Section):
 
     name: EstimatorName
     """`gae` (token-level GAE), `turn_gae` (one step per assistant turn) or `raw_reward` (GRPO-style, no critic)."""
-    gae_gamma: float | None = Field(default=None, ge=0, le=1)
+    gae_gamma: Annotated[float | None, _GAE] = Field(default=None, ge=0, le=1)
     """Discount per token (gae)."""
-    gae_lambda: float | None = Field(default=None, ge=0, le=1)
+    gae_lambda: Annotated[float | None, _GAE] = Field(default=None, ge=0, le=1)
     """GAE lambda used for both advantages and returns unless decoupled (gae)."""
-    gae_lambda_value: float | None = Field(default=None, ge=0, le=1)
+    gae_lambda_value: Annotated[float | None, _GAE_MAY_BE_NULL] = Field(default=None, ge=0, le=1)
     """Lambda for the critic's returns; null = gae_lambda (gae; the key is required, null allowed)."""
-    gae_lambda_policy: float | None = Field(default=None, ge=0, le=1)
+    gae_lambda_policy: Annotated[float | None, _GAE_MAY_BE_NULL] = Field(default=None, ge=0, le=1)
     """Lambda for the policy's advantages; null = gae_lambda (gae; the key is required, null allowed)."""
-    length_adaptive_alpha: float | None = Field(default=None, ge=0)
+    # Null is rejected with its own hint (use 0.0) by the validator, so the marker lets it through.
+    length_adaptive_alpha: Annotated[float | None, _GAE_MAY_BE_NULL] = Field(default=None, ge=0)
     """alpha > 0 sets lambda_policy = clamp(1 - 1/(alpha * L), 0, 1) per sample of L response tokens; 0 disables."""
-    normalize_advantages: bool | None = None
+    normalize_advantages: Annotated[bool | None, RequiredFor(("gae", "turn_gae", "raw_reward"))] = None
     """Whiten advantages over valid response tokens (masked mean, unbiased variance)."""
-    residual_baseline: bool | None = None
+    residual_baseline: Annotated[bool | None, RequiredFor(("gae", "turn_gae"))] = None
     """Leave-one-out group baseline B with the critic learning the residual C = V - B (gae and turn_gae)."""
-    turn_gae_gamma: float | None = Field(default=None, ge=0, le=1)
+    turn_gae_gamma: Annotated[float | None, _TURN_GAE] = Field(default=None, ge=0, le=1)
     """Discount per assistant turn (turn_gae)."""
-    turn_gae_lambda_value: float | None = Field(default=None, ge=0, le=1)
+    turn_gae_lambda_value: Annotated[float | None, _TURN_GAE] = Field(default=None, ge=0, le=1)
     """Turn-level lambda for the critic's returns (turn_gae)."""
-    turn_gae_lambda_policy: float | None = Field(default=None, ge=0, le=1)
+    turn_gae_lambda_policy: Annotated[float | None, _TURN_GAE] = Field(default=None, ge=0, le=1)
     """Turn-level lambda for the policy's advantages (turn_gae)."""
     raw_reward_baseline: Literal["none", "mean", "leave_one_out"] = "none"
     """raw_reward: subtract nothing, the group mean, or the leave-one-out group mean from each reward."""
@@ -66,28 +61,27 @@ class AdvEstimatorConfig(Section):
 
     @model_validator(mode="after")
     def _check_required_for_estimator(self) -> Self:
-        for key in _REQUIRED_ESTIMATOR_KEYS[self.name]:
+        required = self._required_keys()
+        for key, _ in required:
             if not self.provided(key):
                 raise RuleError(key, f"required when name={self.name!r} (missing)")
-        non_null = {
-            "gae": ("gae_gamma", "gae_lambda", "normalize_advantages", "residual_baseline"),
-            "turn_gae": (
-                "turn_gae_gamma",
-                "turn_gae_lambda_value",
-                "turn_gae_lambda_policy",
-                "normalize_advantages",
-                "residual_baseline",
-            ),
-            "raw_reward": ("normalize_advantages",),
-        }[self.name]
-        for key in non_null:
-            if getattr(self, key) is None:
+        for key, marker in required:
+            if not marker.null_allowed and getattr(self, key) is None:
                 raise RuleError(key, f"may not be null when name={self.name!r}")
         if self.name == "gae" and self.length_adaptive_alpha is None:
             raise RuleError("length_adaptive_alpha", "may not be null: use 0.0 to disable length-adaptive lambda")
         if self.name == "raw_reward" and self.residual_baseline:
             raise RuleError("residual_baseline", "must be false or absent when name='raw_reward' (it has no critic)")
         return self
+
+    def _required_keys(self) -> list[tuple[str, RequiredFor]]:
+        """(key, marker) of every field the configured estimator requires, in declaration order."""
+        return [
+            (key, marker)
+            for key, field in type(self).model_fields.items()
+            for marker in field.metadata
+            if isinstance(marker, RequiredFor) and self.name in marker.estimators
+        ]
 
     @property
     def gamma(self) -> float:

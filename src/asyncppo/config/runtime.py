@@ -1,5 +1,6 @@
 """Config sections around the algorithm: data, generation, environment, cluster, checkpoints, logging."""
 
+from dataclasses import dataclass
 from typing import Literal, Self
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
@@ -46,6 +47,23 @@ class WeightSyncConfig(Section):
     checksum_period: NonNegativeInt = 1
     """Compare generator and trainer weight checksums every N pushes; 0 never."""
 
+    @property
+    def bucket_size_bytes(self) -> int:
+        """bucket_size_mb in bytes."""
+        return self.bucket_size_mb * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SamplingProfile:
+    """A (temperature, top_p) pair: what gym clients stamp into requests and the policy server enforces.
+    Temperature 0 means greedy decoding."""
+
+    temperature: float
+    top_p: float
+
+    def __str__(self) -> str:
+        return f"({self.temperature}, {self.top_p})"
+
 
 class GenerationConfig(Section):
     """Sampling and the generation engine."""
@@ -87,6 +105,19 @@ class GenerationConfig(Section):
     """Colocation of generation with training."""
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     """Weight pushes to non-colocated generators."""
+
+    @property
+    def train_profile(self) -> SamplingProfile:
+        """(temperature, top_p) of training rollouts."""
+        return SamplingProfile(self.temperature, self.top_p)
+
+    @property
+    def validation_profile(self) -> SamplingProfile:
+        """(val_temperature, val_top_p), each falling back to its training value when null."""
+        return SamplingProfile(
+            self.temperature if self.val_temperature is None else self.val_temperature,
+            self.top_p if self.val_top_p is None else self.val_top_p,
+        )
 
 
 class GymConfig(Section):

@@ -12,6 +12,8 @@ from typing import Literal, Protocol
 
 import torch
 
+from asyncppo.config.runtime import SamplingProfile
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -47,6 +49,28 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it)")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+
+    @classmethod
+    def for_profile(
+        cls,
+        profile: SamplingProfile,
+        max_new_tokens: int,
+        *,
+        top_k: int = 0,
+        stop_token_ids: tuple[int, ...] = (),
+        ignore_eos: bool = False,
+    ) -> "SamplingParams":
+        """The params that sample as `profile` does; its temperature 0 decodes greedily (logprobs at temperature 1)."""
+        greedy = profile.temperature == 0
+        return cls(
+            temperature=1.0 if greedy else profile.temperature,
+            top_p=profile.top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=stop_token_ids,
+            greedy=greedy,
+            ignore_eos=ignore_eos,
+        )
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import yaml
 
+from asyncppo.config.runtime import SamplingProfile
 from asyncppo.gym.results import quote, trajectory_from_result
 from asyncppo.types import Trajectory
 
@@ -34,14 +34,6 @@ RETRYABLE_STATUSES = frozenset({408, 429})
 HEAD_SERVER_TIMEOUT_S = 30.0
 # `_ng_failure_class` of a result whose LLM judge failed in /verify.
 JUDGE_FAILED = "judge_failed"
-
-
-@dataclass(frozen=True)
-class SamplingProfile:
-    """The sampling pair the policy server enforces; stamped into every row's `responses_create_params`."""
-
-    temperature: float
-    top_p: float
 
 
 class GymRolloutError(RuntimeError):

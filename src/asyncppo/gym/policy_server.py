@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from transformers import PreTrainedTokenizerBase
 
+from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GeneratorClosedError, SamplingParams
 from asyncppo.generation.protocol import Generator as GeneratorProtocol
 from asyncppo.gym.chat_prompt import PromptError, build_prompt, parse_generation, render_tokens
@@ -52,9 +53,6 @@ from asyncppo.gym.responses import (
 
 LOGPROB_FLOOR = -9999.0
 """Logprobs below this (and -inf) are reported as it, so the JSON never carries -Infinity."""
-
-SamplingProfile = tuple[float, float]
-"""(temperature, top_p); temperature 0 means greedy decoding."""
 
 
 class RequestError(Exception):
@@ -88,16 +86,9 @@ def check_sampling(request: SamplingKnobs, train: SamplingProfile, validation: S
     profiles = f"train (temperature, top_p) = {train}, validation = {validation}"
     if request.temperature is None or request.top_p is None:
         raise RequestError(400, f"temperature and top_p must both be set explicitly to a profile: {profiles}")
-    pair = (request.temperature, request.top_p)
-    if pair != tuple(train) and pair != tuple(validation):
+    pair = SamplingProfile(request.temperature, request.top_p)
+    if pair not in (train, validation):
         raise RequestError(400, f"(temperature, top_p) = {pair} matches no sampling profile: {profiles}")
-
-
-def sampling_params_for(temperature: float, top_p: float, max_new_tokens: int) -> SamplingParams:
-    """The engine's SamplingParams for a checked profile; temperature 0 decodes greedily."""
-    if temperature == 0:
-        return SamplingParams(temperature=1.0, top_p=top_p, max_new_tokens=max_new_tokens, greedy=True)
-    return SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
 
 
 def output_budget(limits: Mapping[str, int | None], num_prompt_tokens: int, max_model_len: int) -> int:
@@ -145,7 +136,7 @@ class ChatEngine:
         except PromptError as error:
             raise RequestError(400, str(error)) from error
         budget = output_budget(limits, len(prompt), self._max_model_len)
-        sampling = sampling_params_for(*profile, max_new_tokens=budget)
+        sampling = SamplingParams.for_profile(profile, max_new_tokens=budget)
         try:
             result = await asyncio.wrap_future(self._generator.submit(GenerationRequest(tuple(prompt), sampling)))
         except GeneratorClosedError as error:
@@ -234,7 +225,7 @@ def create_policy_app(
         choice = await engine.complete(
             body.messages,
             body.tools,
-            profile=(body.temperature, body.top_p),
+            profile=SamplingProfile(body.temperature, body.top_p),
             limits={"max_tokens": body.max_tokens, "max_completion_tokens": body.max_completion_tokens},
             required_prefix_token_ids=body.required_prefix_token_ids,
         )
@@ -261,7 +252,7 @@ def create_policy_app(
         choice = await engine.complete(
             messages,
             tools,
-            profile=(body.temperature, body.top_p),
+            profile=SamplingProfile(body.temperature, body.top_p),
             limits={"max_output_tokens": body.max_output_tokens},
         )
         return build_response(body, choice, model_name)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from asyncppo.gym.client import GymClient, SamplingProfile
+from asyncppo.config.runtime import GymConfig, SamplingProfile
+from asyncppo.gym.client import GymClient
 from asyncppo.rollout.penalties import PenaltySettings, apply_reward_penalties
 from asyncppo.types import Trajectory
 
@@ -30,14 +31,13 @@ CLOSE_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class GymClientSettings:
-    """Everything GymClient is built from (plain values; `trainer/builders.py` fills them from `env.gym`)."""
+    """Everything GymClient is built from: the `env.gym` section's limits, and where the agents are resolved to
+    (`trainer/gym_setup.py` points built-in runs at the head server it started)."""
 
     agent_urls: Mapping[str, str] | None
     head_server_url: str | None
-    max_concurrency: int
-    rollout_deadline_s: float
-    max_retries: int
-    backoff_s: float
+    limits: GymConfig
+    """Read for max_concurrency, rollout_deadline_s, max_retries and backoff_s."""
     train_sampling: SamplingProfile
     validation_sampling: SamplingProfile
     max_output_tokens: int
@@ -78,10 +78,10 @@ class GymRolloutRunner:
         return GymClient(
             settings.agent_urls,
             settings.head_server_url,
-            max_concurrency=settings.max_concurrency,
-            rollout_deadline_s=settings.rollout_deadline_s,
-            max_retries=settings.max_retries,
-            backoff_s=settings.backoff_s,
+            max_concurrency=settings.limits.max_concurrency,
+            rollout_deadline_s=settings.limits.rollout_deadline_s,
+            max_retries=settings.limits.max_retries,
+            backoff_s=settings.limits.backoff_s,
             train_sampling=settings.train_sampling,
             validation_sampling=settings.validation_sampling,
             max_output_tokens=settings.max_output_tokens,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any
 
+from asyncppo.config.ppo import AsyncPPOConfig
 from asyncppo.pipeline.buffer import DROP_REASONS, BufferedGroup, TrajectoryBuffer, default_buffer_size
 from asyncppo.pipeline.collector import Collector
 from asyncppo.pipeline.errors import StallError
@@ -204,26 +205,22 @@ class AsyncBatchSource:
 def build_async_source(
     prompts: PromptBatches,
     rollout: GroupRolloutFn,
+    settings: AsyncPPOConfig,
     *,
     num_prompts_per_step: int,
     start_step: int,
     policy_training_start_step: int,
-    max_trajectory_age_steps: int,
-    warmup_max_trajectory_age_steps: int | None,
-    in_flight_weight_updates: bool,
-    drop_incomplete_targets_on_restore: bool,
-    watchdog_timeout_s: float,
     max_concurrent_groups: int | None = None,
     buffer_max_size: int | None = None,
     failure_budget: StepFailureBudget,
 ) -> AsyncBatchSource:
-    """Buffer + collector + source from plain settings (the `ppo.async_ppo` keys); `start_step` = the step the
-    run starts or resumes at, which is also the generators' initial weight version.
+    """Buffer + collector + source from the `ppo.async_ppo` section; `start_step` = the step the run starts or
+    resumes at, which is also the generators' initial weight version.
 
     Defaults: the buffer holds the whole window (default_buffer_size) and that many rollouts may run at once.
     """
-    warmup_age = warmup_max_trajectory_age_steps or max_trajectory_age_steps
-    ages = AgeSchedule(policy_training_start_step, max_trajectory_age_steps, warmup_age)
+    warmup_age = settings.warmup_max_trajectory_age_steps or settings.max_trajectory_age_steps
+    ages = AgeSchedule(policy_training_start_step, settings.max_trajectory_age_steps, warmup_age)
     max_size = buffer_max_size or default_buffer_size(num_prompts_per_step, ages.max_age)
     buffer = TrajectoryBuffer(num_prompts_per_step, max_size)
     collector = Collector(
@@ -233,14 +230,14 @@ def build_async_source(
         initial_version=start_step,
         ages=ages,
         max_concurrent_groups=max_concurrent_groups or max_size,
-        in_flight_weight_updates=in_flight_weight_updates,
-        drain_timeout_s=watchdog_timeout_s,
+        in_flight_weight_updates=settings.in_flight_weight_updates,
+        drain_timeout_s=settings.watchdog_timeout_s,
         failure_budget=failure_budget,
     )
     return AsyncBatchSource(
         collector,
         buffer,
         ages=ages,
-        drop_incomplete_targets_on_restore=drop_incomplete_targets_on_restore,
-        watchdog_timeout_s=watchdog_timeout_s,
+        drop_incomplete_targets_on_restore=settings.drop_incomplete_targets_on_restore,
+        watchdog_timeout_s=settings.watchdog_timeout_s,
     )

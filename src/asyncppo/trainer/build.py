@@ -64,7 +64,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     train_rows, validation_rows = load_data(config)  # before any process starts: a data error costs nothing
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(dump_config(config))
-    paths = builders.model_paths(config)
+    paths = builders.ModelPaths.resolve(config)
     device = builders.resolve_device(config)
     tokenizer = load_tokenizer(paths.tokenizer)
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
@@ -117,7 +117,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
                 backend="nccl" if gpu else "gloo",
                 timeout_s=sync.timeout_s,
             )
-            weight_sync = WeightSync(policy_group, generation_group, spec, builders.sync_settings(config))
+            weight_sync = WeightSync(policy_group, generation_group, spec, sync)
     except BaseException:
         for group in groups:
             group.kill()

@@ -13,9 +13,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from asyncppo.algorithms.advantages import AdvantageSettings
-from asyncppo.algorithms.policy_loss import PolicyLossSettings
 from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
-from asyncppo.algorithms.value_loss import ValueLossSettings
 from asyncppo.config import ConfigError, RunConfig
 from asyncppo.config.models import TrainedModelConfig
 from asyncppo.demo.arithmetic_policy import ensure_arithmetic_policy
@@ -25,9 +23,7 @@ from asyncppo.generation.protocol import SamplingParams
 from asyncppo.models.tiny import PRESETS, ensure_tiny
 from asyncppo.trainer.ppo_step import RewardScaling, RewardShaping, StepSettings
 from asyncppo.workers.endpoints import GeneratorEndpoint, PolicyEndpoint, ValueEndpoint
-from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.policy_worker import PolicyWorker
-from asyncppo.workers.remote import SyncSettings
 from asyncppo.workers.value_worker import ValueWorker
 
 TINY_PREFIX = "tiny:"
@@ -71,54 +67,11 @@ def resolve_device(config: RunConfig) -> str:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def optimizer_settings(section: TrainedModelConfig) -> OptimizerSettings:
-    opt = section.optimizer
-    return OptimizerSettings(lr=opt.lr, weight_decay=opt.weight_decay, betas=opt.betas, eps=opt.eps)
-
-
-def scheduler_settings(section: TrainedModelConfig) -> SchedulerSettings:
-    sched = section.scheduler
-    return SchedulerSettings(
-        name=sched.name,
-        warmup_steps=sched.warmup_steps,
-        total_steps=sched.total_steps,
-        min_lr_ratio=sched.min_lr_ratio,
-    )
-
-
 def optimizer_steps_per_run(config: RunConfig, section: TrainedModelConfig, passes_per_step: int) -> int:
     """Optimizer steps of the whole run: steps x passes x global batches per pass (the schedule's length)."""
     batch = config.ppo.num_prompts_per_step * config.ppo.num_generations_per_prompt
     global_batch = section.train_global_batch_size or batch
     return config.ppo.max_num_steps * passes_per_step * -(-batch // global_batch)
-
-
-def policy_loss_settings(config: RunConfig) -> PolicyLossSettings:
-    loss = config.loss_fn
-    return PolicyLossSettings(
-        ratio_clip_min=loss.ratio_clip_min,
-        ratio_clip_max=loss.ratio_clip_max,
-        ratio_clip_c=loss.ratio_clip_c,
-        disable_ppo_ratio=loss.disable_ppo_ratio,
-        force_on_policy_ratio=loss.force_on_policy_ratio,
-        token_level_loss=loss.token_level_loss,
-        sequence_level_importance_ratios=loss.sequence_level_importance_ratios,
-        reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
-        reference_policy_kl_type=loss.reference_policy_kl_type,
-        kl_input_clamp_value=loss.kl_input_clamp_value,
-        kl_output_clamp_value=loss.kl_output_clamp_value,
-        use_kl_in_reward=loss.use_kl_in_reward,
-        behaviour_kl_penalty=loss.behaviour_kl_penalty,
-        behaviour_kl_type=loss.behaviour_kl_type,
-        behaviour_kl_input_clamp_value=loss.behaviour_kl_input_clamp_value,
-        behaviour_kl_output_clamp_value=loss.behaviour_kl_output_clamp_value,
-        use_importance_sampling_correction=loss.use_importance_sampling_correction,
-        truncated_importance_sampling_type=loss.truncated_importance_sampling_type,
-        truncated_importance_sampling_ratio=loss.truncated_importance_sampling_ratio,
-        truncated_importance_sampling_ratio_min=loss.truncated_importance_sampling_ratio_min,
-        use_on_policy_kl_approximation=loss.use_on_policy_kl_approximation,
-        positive_example_nll_weight=loss.positive_example_nll_weight,
-    )
 
 
 def needs_reference_logprobs(config: RunConfig) -> bool:
@@ -197,47 +150,38 @@ def privilege_settings(config: RunConfig) -> PrivilegeSettings | None:
 
 def train_sampling(config: RunConfig, stop_token_ids: tuple[int, ...]) -> SamplingParams:
     gen = config.generation
-    return SamplingParams(
-        temperature=gen.temperature,
-        top_p=gen.top_p,
-        top_k=gen.top_k,
-        max_new_tokens=gen.max_new_tokens,
-        stop_token_ids=stop_token_ids,
-        ignore_eos=gen.ignore_eos,
+    return SamplingParams.for_profile(
+        gen.train_profile, gen.max_new_tokens, top_k=gen.top_k, stop_token_ids=stop_token_ids, ignore_eos=gen.ignore_eos
     )
 
 
 def validation_sampling(config: RunConfig, stop_token_ids: tuple[int, ...]) -> SamplingParams:
     """Validation profile: val_temperature / val_top_p when set; temperature 0 means greedy decoding."""
     gen = config.generation
-    temperature = gen.temperature if gen.val_temperature is None else gen.val_temperature
-    return SamplingParams(
-        temperature=temperature if temperature > 0 else 1.0,
-        top_p=gen.top_p if gen.val_top_p is None else gen.val_top_p,
-        top_k=gen.top_k,
-        max_new_tokens=gen.max_new_tokens,
-        stop_token_ids=stop_token_ids,
-        greedy=temperature == 0,
+    return SamplingParams.for_profile(
+        gen.validation_profile, gen.max_new_tokens, top_k=gen.top_k, stop_token_ids=stop_token_ids
     )
 
 
 @dataclass(frozen=True)
 class ModelPaths:
-    """Resolved local directories of the run's models."""
+    """Resolved local directories of the run's models; `resolve` builds tiny and demo models on first use."""
 
     policy: Path
     tokenizer: Path
     value: Path | None
 
-
-def model_paths(config: RunConfig) -> ModelPaths:
-    policy = resolve_model_path(config.model.model_name)
-    tokenizer = Path(config.model.tokenizer) if config.model.tokenizer else policy
-    value = None
-    if config.value is not None:
-        value_name = config.value.model_name
-        value = policy if value_name is None else resolve_model_path(value_name, "value.model_name")
-    return ModelPaths(policy=policy, tokenizer=tokenizer, value=value)
+    @classmethod
+    def resolve(cls, config: RunConfig) -> "ModelPaths":
+        """model.model_name, model.tokenizer (null = the policy's directory) and value.model_name (null = the
+        policy's model; None without a critic)."""
+        policy = resolve_model_path(config.model.model_name)
+        tokenizer = Path(config.model.tokenizer) if config.model.tokenizer else policy
+        value = None
+        if config.value is not None:
+            value_name = config.value.model_name
+            value = policy if value_name is None else resolve_model_path(value_name, "value.model_name")
+        return cls(policy=policy, tokenizer=tokenizer, value=value)
 
 
 def end_and_pad_ids(
@@ -286,27 +230,35 @@ def _build_value_endpoint(model_path: str, device: str, worker_kwargs: dict[str,
     return ValueEndpoint(ValueWorker(model_path, device=device, **worker_kwargs))  # pyright: ignore[reportArgumentType]
 
 
+def _trained_model_options(
+    config: RunConfig, section: TrainedModelConfig, paths: ModelPaths, passes_per_step: int
+) -> dict[str, object]:
+    """Worker options the policy and the value model both take from their section (`model` or `value`)."""
+    return {
+        "dtype": DTYPES[section.precision],
+        "tokenizer_path": str(paths.tokenizer),
+        "optimizer": section.optimizer,
+        "scheduler": section.scheduler,
+        "scheduler_total_steps": optimizer_steps_per_run(config, section, passes_per_step),
+        "max_grad_norm": section.max_grad_norm,
+        "train_global_batch_size": section.train_global_batch_size,
+        "train_micro_batch_size": section.train_micro_batch_size,
+        "logprob_batch_size": section.logprob_batch_size,
+        "activation_checkpointing": section.activation_checkpointing,
+    }
+
+
 def policy_factory(
     config: RunConfig, paths: ModelPaths, device: str, colocated: EngineSettings | None
 ) -> Callable[[], PolicyEndpoint]:
     """A picklable zero-argument factory of the PolicyEndpoint (built in its host process)."""
     section = config.model
-    kwargs: dict[str, object] = {
-        "dtype": DTYPES[section.precision],
-        "tokenizer_path": str(paths.tokenizer),
-        "optimizer": optimizer_settings(section),
-        "scheduler": scheduler_settings(section),
-        "scheduler_total_steps": optimizer_steps_per_run(config, section, config.ppo.ppo_epochs),
-        "max_grad_norm": section.max_grad_norm,
-        "train_global_batch_size": section.train_global_batch_size,
-        "train_micro_batch_size": section.train_micro_batch_size,
+    kwargs = _trained_model_options(config, section, paths, config.ppo.ppo_epochs) | {
         "max_tokens_per_microbatch": section.max_tokens_per_microbatch,
-        "logprob_batch_size": section.logprob_batch_size,
         "temperature": config.generation.temperature,
         "logprob_chunk_size": section.logprob_chunk_size,
-        "loss_settings": policy_loss_settings(config),
+        "loss_settings": config.loss_fn,
         "keep_reference": needs_reference_logprobs(config),
-        "activation_checkpointing": section.activation_checkpointing,
     }
     return functools.partial(_build_policy_endpoint, str(paths.policy), device, colocated, kwargs)
 
@@ -315,20 +267,10 @@ def value_factory(config: RunConfig, paths: ModelPaths, device: str) -> Callable
     """A picklable zero-argument factory of the ValueEndpoint."""
     section = config.value
     assert section is not None and paths.value is not None
-    kwargs: dict[str, object] = {
-        "dtype": DTYPES[section.precision],
-        "tokenizer_path": str(paths.tokenizer),
-        "optimizer": optimizer_settings(section),
-        "scheduler": scheduler_settings(section),
-        "scheduler_total_steps": optimizer_steps_per_run(config, section, config.ppo.resolved_critic_ppo_epochs),
-        "max_grad_norm": section.max_grad_norm,
-        "train_global_batch_size": section.train_global_batch_size,
-        "train_micro_batch_size": section.train_micro_batch_size,
+    kwargs = _trained_model_options(config, section, paths, config.ppo.resolved_critic_ppo_epochs) | {
         # Privileged critic sequences are longer by up to the block's reserve; the budget grows with them.
         "max_tokens_per_microbatch": section.critic_max_tokens_per_microbatch,
-        "logprob_batch_size": section.logprob_batch_size,
-        "loss_settings": ValueLossSettings(scale=config.value_loss_fn.scale, cliprange=config.value_loss_fn.cliprange),
-        "activation_checkpointing": section.activation_checkpointing,
+        "loss_settings": config.value_loss_fn,
     }
     return functools.partial(_build_value_endpoint, str(paths.value), device, kwargs)
 
@@ -338,12 +280,3 @@ def generator_factory(
 ) -> Callable[[], GeneratorEndpoint]:
     """A picklable zero-argument factory of one non-colocated GeneratorEndpoint."""
     return functools.partial(GeneratorEndpoint, str(paths.policy), DTYPES[config.model.precision], device, engine, rank)
-
-
-def sync_settings(config: RunConfig) -> SyncSettings:
-    sync = config.generation.weight_sync
-    return SyncSettings(
-        bucket_size_bytes=sync.bucket_size_mb * 1024 * 1024,
-        timeout_s=sync.timeout_s,
-        checksum_period=sync.checksum_period,
-    )

@@ -15,7 +15,6 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from asyncppo.config import ConfigError, RunConfig
-from asyncppo.gym.client import SamplingProfile
 from asyncppo.gym.runner import GroupOutcome, GymClientSettings, GymRolloutRunner
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.gym.servers.resources import RESOURCES_APPS
@@ -29,27 +28,13 @@ log = logging.getLogger(__name__)
 Row = dict[str, Any]
 
 
-def sampling_profiles(config: RunConfig) -> tuple[SamplingProfile, SamplingProfile]:
-    """(train, validation) (temperature, top_p) pairs: what the client stamps and the policy server enforces."""
-    generation = config.generation
-    validation_temperature = (
-        generation.temperature if generation.val_temperature is None else generation.val_temperature
-    )
-    validation_top_p = generation.top_p if generation.val_top_p is None else generation.val_top_p
-    return (
-        SamplingProfile(generation.temperature, generation.top_p),
-        SamplingProfile(validation_temperature, validation_top_p),
-    )
-
-
 def policy_server_settings(config: RunConfig, tokenizer_path: str) -> PolicyServerSettings:
-    train, validation = sampling_profiles(config)
     gym = config.env.gym
     return PolicyServerSettings(
         tokenizer_path=tokenizer_path,
         model_name=gym.model_name,
-        train_sampling=(train.temperature, train.top_p),
-        validation_sampling=(validation.temperature, validation.top_p),
+        train_sampling=config.generation.train_profile,
+        validation_sampling=config.generation.validation_profile,
         max_model_len=config.model.max_total_sequence_length,
         api_key=gym.api_key,
         port=gym.policy_server_port,
@@ -126,17 +111,13 @@ def start_gym_rollouts(
         builtin = launch_builtin_gym(
             urls, resources=gym.resources, max_steps=gym.max_steps, model_name=gym.model_name, api_key=gym.api_key
         )
-    train, validation = sampling_profiles(config)
     client_settings = GymClientSettings(
         # Built-in agents are found through their head server too: the same lookup as against an external gym.
         agent_urls=None if builtin is not None else (dict(gym.agent_urls) or None),
         head_server_url=builtin.head_url if builtin is not None else gym.head_server_url,
-        max_concurrency=gym.max_concurrency,
-        rollout_deadline_s=gym.rollout_deadline_s,
-        max_retries=gym.max_retries,
-        backoff_s=gym.backoff_s,
-        train_sampling=train,
-        validation_sampling=validation,
+        limits=gym,
+        train_sampling=config.generation.train_profile,
+        validation_sampling=config.generation.validation_profile,
         max_output_tokens=config.generation.max_new_tokens,
     )
 

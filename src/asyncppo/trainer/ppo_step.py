@@ -25,6 +25,7 @@ import torch
 from asyncppo.algorithms.advantages import AdvantageSettings, compute_advantages
 from asyncppo.algorithms.critic_metrics import critic_diagnostics
 from asyncppo.algorithms.kl import KLType
+from asyncppo.algorithms.microbatch import reduce_metrics_by_key
 from asyncppo.algorithms.mismatch import mask_sequences_by_logprob_error, token_mismatch_metrics
 from asyncppo.algorithms.privilege import PrefixedLayout
 from asyncppo.algorithms.residual import homogeneous_group_sample_mask
@@ -167,19 +168,7 @@ def _timed(timings: dict[str, float], key: str, action: Callable[[], T]) -> T:
 
 def average_metrics(passes: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """Mean over passes per key (min / max keys take the extreme), so multi-epoch steps report one number."""
-    collected: dict[str, list[float]] = {}
-    for metrics in passes:
-        for key, value in metrics.items():
-            collected.setdefault(key, []).append(value)
-    reduced: dict[str, float] = {}
-    for key, values in collected.items():
-        if key.endswith("_min"):
-            reduced[key] = min(values)
-        elif key.endswith("_max"):
-            reduced[key] = max(values)
-        else:
-            reduced[key] = sum(values) / len(values)
-    return reduced
+    return reduce_metrics_by_key(passes, lambda values: sum(values) / len(values))
 
 
 def ppo_step(

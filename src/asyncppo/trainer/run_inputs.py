@@ -105,14 +105,10 @@ def batch_source(
     return build_async_source(
         stream,
         rollouts.train,
+        settings,
         num_prompts_per_step=ppo.num_prompts_per_step,
         start_step=start_step,
         policy_training_start_step=ppo.policy_training_start_step,
-        max_trajectory_age_steps=settings.max_trajectory_age_steps,
-        warmup_max_trajectory_age_steps=settings.warmup_max_trajectory_age_steps,
-        in_flight_weight_updates=settings.in_flight_weight_updates,
-        drop_incomplete_targets_on_restore=settings.drop_incomplete_targets_on_restore,
-        watchdog_timeout_s=settings.watchdog_timeout_s,
         failure_budget=rollouts.failure_budget,
     )
 

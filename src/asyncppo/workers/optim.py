@@ -1,4 +1,5 @@
-"""AdamW and the learning-rate schedule of the training workers, built from plain settings.
+"""AdamW and the learning-rate schedule of the training workers, built from the `optimizer` and
+`scheduler` config sections.
 
 The policy and value workers call `build_optimizer` and `build_scheduler` when they start, after a warm start and
 after `load(..., load_optimizer=False)`. The schedule is a multiplier of the peak LR, ticked once per optimizer step.
@@ -6,58 +7,15 @@ after `load(..., load_optimizer=False)`. The schedule is a multiplier of the pea
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-ScheduleName = Literal["constant", "linear", "cosine"]
+from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 
 
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """AdamW hyperparameters (the `optimizer` config keys as plain values)."""
-
-    lr: float
-    weight_decay: float
-    betas: tuple[float, float]
-    eps: float
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
-        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
-            raise ValueError(f"optimizer.betas must be two values in [0, 1), got {self.betas}")
-        if not self.eps > 0:
-            raise ValueError(f"optimizer.eps must be > 0, got {self.eps}")
-
-
-@dataclass(frozen=True)
-class SchedulerSettings:
-    """Learning-rate schedule (the `scheduler` config keys as plain values)."""
-
-    name: ScheduleName
-    warmup_steps: int
-    total_steps: int | None
-    """Optimizer steps over which linear/cosine decay runs (warmup included); None = the worker's default."""
-    min_lr_ratio: float
-
-    def __post_init__(self) -> None:
-        if self.name not in ("constant", "linear", "cosine"):
-            raise ValueError(f"scheduler.name={self.name!r}: use constant, linear or cosine")
-        if self.warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.total_steps is not None and self.total_steps < 1:
-            raise ValueError(f"scheduler.total_steps must be >= 1 or None, got {self.total_steps}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"scheduler.min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
-
-
-def build_optimizer(parameters: Iterable[nn.Parameter], settings: OptimizerSettings) -> torch.optim.AdamW:
+def build_optimizer(parameters: Iterable[nn.Parameter], settings: OptimizerConfig) -> torch.optim.AdamW:
     """AdamW over the parameters that require grad; the fused CUDA kernel when they live on CUDA.
 
     On CPU torch picks its default (foreach) implementation. Fused and foreach give the same math up to
@@ -77,7 +35,7 @@ def build_optimizer(parameters: Iterable[nn.Parameter], settings: OptimizerSetti
     )
 
 
-def lr_multiplier(step: int, settings: SchedulerSettings, total_steps: int | None) -> float:
+def lr_multiplier(step: int, settings: SchedulerConfig, total_steps: int | None) -> float:
     """Fraction of the peak LR used by optimizer step `step` (0-based: the number of steps already taken).
 
     warmup (step < W):   step / W   (from 0; the first step runs at LR 0 and only fills Adam's moments,
@@ -102,7 +60,7 @@ def lr_multiplier(step: int, settings: SchedulerSettings, total_steps: int | Non
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, settings: SchedulerSettings, default_total_steps: int | None
+    optimizer: torch.optim.Optimizer, settings: SchedulerConfig, default_total_steps: int | None
 ) -> LambdaLR:
     """LambdaLR applying `lr_multiplier`; call `.step()` once after each optimizer step.
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import Generator
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.models.tokenizer import load_tokenizer
@@ -22,9 +23,9 @@ class PolicyServerSettings:
 
     tokenizer_path: str
     model_name: str
-    train_sampling: tuple[float, float]
+    train_sampling: SamplingProfile
     """(temperature, top_p) of training rollouts."""
-    validation_sampling: tuple[float, float]
+    validation_sampling: SamplingProfile
     """(temperature, top_p) of validation rollouts; temperature 0 = greedy."""
     max_model_len: int
     api_key: str | None

@@ -14,11 +14,12 @@ import torch
 from transformers import PreTrainedModel
 
 from asyncppo.algorithms.microbatch import LossNormalizers, loss_normalizers
-from asyncppo.algorithms.policy_loss import PolicyLossSettings, policy_loss
+from asyncppo.algorithms.policy_loss import policy_loss
+from asyncppo.config.losses import PolicyLossConfig
+from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.types import TrainBatch
-from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.scoring import ScoringModel, resolve_dtype
 from asyncppo.workers.trained_model import TrainedModel
 from asyncppo.workers.training import BatchPlan, MicroBatch
@@ -38,8 +39,8 @@ class PolicyWorker:
         dtype: torch.dtype | str,
         device: str | torch.device,
         tokenizer_path: str | Path | None,
-        optimizer: OptimizerSettings,
-        scheduler: SchedulerSettings,
+        optimizer: OptimizerConfig,
+        scheduler: SchedulerConfig,
         scheduler_total_steps: int | None,
         max_grad_norm: float | None,
         train_global_batch_size: int | None,
@@ -48,7 +49,7 @@ class PolicyWorker:
         logprob_batch_size: int | None,
         temperature: float,
         logprob_chunk_size: int,
-        loss_settings: PolicyLossSettings,
+        loss_settings: PolicyLossConfig,
         keep_reference: bool,
         activation_checkpointing: bool,
     ) -> None:

@@ -9,11 +9,11 @@ spreads requests over generator ranks, and the weight sync between them.
 import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from asyncppo.config.runtime import WeightSyncConfig
 from asyncppo.distributed.process_group import SyncGroupSpec, WeightSyncError
 from asyncppo.distributed.weight_sync import PushReport, check_checksums
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
@@ -133,19 +133,10 @@ def sum_counters(answers: Iterable[dict[str, float]]) -> dict[str, float]:
     return total
 
 
-@dataclass(frozen=True)
-class SyncSettings:
-    """generation.weight_sync.* as plain values."""
-
-    bucket_size_bytes: int
-    timeout_s: float
-    checksum_period: int
-
-
 class WeightSync:
     """Pushes the policy from policy rank 0 to every generator rank and verifies the copies."""
 
-    def __init__(self, policy: WorkerGroup, generators: WorkerGroup, spec: SyncGroupSpec, settings: SyncSettings):
+    def __init__(self, policy: WorkerGroup, generators: WorkerGroup, spec: SyncGroupSpec, settings: WeightSyncConfig):
         self.policy = policy
         self.generators = generators
         self.settings = settings

@@ -19,9 +19,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import broadcast_from_rank0
-from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings, build_optimizer, build_scheduler
+from asyncppo.workers.optim import build_optimizer, build_scheduler
 from asyncppo.workers.scoring import ScoringModel, TokenForward
 from asyncppo.workers.training import BatchPlan, LossFunction, Normalize, evaluate_pass, train_pass
 
@@ -38,8 +39,8 @@ class TrainedModel:
         forward: TokenForward,
         *,
         device: torch.device,
-        optimizer: OptimizerSettings,
-        scheduler: SchedulerSettings,
+        optimizer: OptimizerConfig,
+        scheduler: SchedulerConfig,
         scheduler_total_steps: int | None,
         max_grad_norm: float | None,
         plan: BatchPlan,

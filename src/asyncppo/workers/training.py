@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from asyncppo.algorithms.microbatch import LossNormalizers, reduce_microbatch_metrics
+from asyncppo.algorithms.microbatch import LossNormalizers, reduce_metrics_by_key, reduce_microbatch_metrics
 from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import DataParallel, all_ranks_finite, full_tensor, gather_objects, max_over_ranks
 from asyncppo.workers.microbatches import (
@@ -118,19 +118,7 @@ def average_over_global_batches(per_batch: Sequence[Mapping[str, float]]) -> dic
     every optimizer step equally (as the seed's Megatron path does by dividing by the number of global batches),
     not every token, so a smaller remainder batch counts as much as a full one.
     """
-    collected: dict[str, list[float]] = {}
-    for metrics in per_batch:
-        for key, value in metrics.items():
-            collected.setdefault(key, []).append(value)
-    averaged: dict[str, float] = {}
-    for key, values in collected.items():
-        if key.endswith("_min"):
-            averaged[key] = min(values)
-        elif key.endswith("_max"):
-            averaged[key] = max(values)
-        else:
-            averaged[key] = math.fsum(values) / len(values)
-    return averaged
+    return reduce_metrics_by_key(per_batch, lambda values: math.fsum(values) / len(values))
 
 
 def train_pass(

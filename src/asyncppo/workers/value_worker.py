@@ -10,11 +10,12 @@ import torch
 from transformers import PreTrainedModel
 
 from asyncppo.algorithms.microbatch import LossNormalizers, loss_normalizers
-from asyncppo.algorithms.value_loss import ValueLossSettings, explained_variance_from_stats, value_loss
+from asyncppo.algorithms.value_loss import explained_variance_from_stats, value_loss
+from asyncppo.config.losses import ValueLossConfig
+from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.models.value import load_value_model, values
 from asyncppo.types import TrainBatch
-from asyncppo.workers.optim import OptimizerSettings, SchedulerSettings
 from asyncppo.workers.scoring import resolve_dtype
 from asyncppo.workers.trained_model import TrainedModel
 from asyncppo.workers.training import BatchPlan, LossFunction, MicroBatch
@@ -44,15 +45,15 @@ class ValueWorker:
         dtype: torch.dtype | str,
         device: str | torch.device,
         tokenizer_path: str | Path | None,
-        optimizer: OptimizerSettings,
-        scheduler: SchedulerSettings,
+        optimizer: OptimizerConfig,
+        scheduler: SchedulerConfig,
         scheduler_total_steps: int | None,
         max_grad_norm: float | None,
         train_global_batch_size: int | None,
         train_micro_batch_size: int,
         max_tokens_per_microbatch: int | None,
         logprob_batch_size: int | None,
-        loss_settings: ValueLossSettings,
+        loss_settings: ValueLossConfig,
         activation_checkpointing: bool,
     ) -> None:
         """Load the critic from `model_path`: a causal LM (zero head) or a saved value model.

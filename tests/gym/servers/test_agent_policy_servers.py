@@ -8,6 +8,7 @@ from concurrent.futures import Future
 import httpx
 from transformers import PreTrainedTokenizerBase
 
+from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.gym.servers.launch import launch_builtin_gym
@@ -37,8 +38,8 @@ def serve(generator: TwoTurns, tokenizer: PreTrainedTokenizerBase, max_model_len
         generator,  # pyright: ignore[reportArgumentType]
         tokenizer,
         model_name="policy",
-        train_sampling=(1.0, 1.0),
-        validation_sampling=(0.0, 1.0),
+        train_sampling=SamplingProfile(1.0, 1.0),
+        validation_sampling=SamplingProfile(0.0, 1.0),
         max_model_len=max_model_len,
         api_key=None,
     )

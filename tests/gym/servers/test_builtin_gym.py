@@ -11,15 +11,16 @@ import pytest
 import yaml
 from transformers import PreTrainedTokenizerBase
 
+from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.client import GymClient, SamplingProfile, agent_urls_from_config
+from asyncppo.gym.client import GymClient, agent_urls_from_config
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.gym.results import trajectory_from_result
 from asyncppo.gym.servers.launch import launch_builtin_gym
 from asyncppo.gym.servers.resources import MULTI_STEP_TOOLS, SESSION_COUNTER_TOOLS, WEATHER_TOOLS, forecast
 from asyncppo.models.tiny import EOS_TOKEN_ID
 
-TRAIN = (1.0, 1.0)
+TRAIN = SamplingProfile(1.0, 1.0)
 COUNTER_ROW = {
     "responses_create_params": {
         "input": [{"role": "user", "content": "Count to 2."}],
@@ -63,7 +64,7 @@ def policy_server(request: pytest.FixtureRequest, tokenizer: PreTrainedTokenizer
         tokenizer,
         model_name="policy",
         train_sampling=TRAIN,
-        validation_sampling=(0.0, 1.0),
+        validation_sampling=SamplingProfile(0.0, 1.0),
         max_model_len=1024,
         api_key=None,
     )
@@ -167,7 +168,7 @@ def test_gym_client_finds_the_agent_through_the_head_server_and_runs_a_row(polic
     }
 
     async def collect(head_url: str) -> list:
-        sampling = SamplingProfile(*TRAIN)
+        sampling = TRAIN
         async with GymClient(
             None,
             head_url,
@@ -225,7 +226,7 @@ def test_multi_step_row_chains_add_into_multiply_and_trains_as_three_turns(
             rollout_deadline_s=30,
             max_retries=0,
             backoff_s=0,
-            train_sampling=SamplingProfile(*TRAIN),
+            train_sampling=TRAIN,
             validation_sampling=SamplingProfile(0.0, 1.0),
             max_output_tokens=64,
         ) as client:
