@@ -134,11 +134,11 @@ def test_the_checker_catches_importlib_of_an_upper_layer(tmp_path):
         "runner = importlib.import_module('asyncppo.trainer.run')\n"
         "gae = importlib.import_module('asyncppo.algorithms.gae')\n"
         "user = importlib.import_module(user_module)\n"  # a name only known at run time: not checked
-        "server = __import__('asyncppo.workers.remote')\n"
+        "server = __import__('asyncppo.workers.groups')\n"
     )
     assert find_layer_violations(package) == [
         "rollout/rewards.py:2: layer 1 imports asyncppo.trainer.run (layer 4)",
-        "rollout/rewards.py:5: layer 1 imports asyncppo.workers.remote (layer 3)",
+        "rollout/rewards.py:5: layer 1 imports asyncppo.workers.groups (layer 3)",
     ]
 
 

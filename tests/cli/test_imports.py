@@ -8,7 +8,7 @@ import sys
 def test_the_trainer_and_workers_import_without_the_http_stack():
     check = (
         "import sys; import asyncppo.cli.train, asyncppo.trainer.loop, asyncppo.trainer.builders; "
-        "import asyncppo.workers.endpoints; "
+        "import asyncppo.workers.groups; "
         "loaded = [m for m in ('fastapi', 'uvicorn', 'starlette') if m in sys.modules]; "
         "assert not loaded, loaded"
     )

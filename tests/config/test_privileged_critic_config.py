@@ -74,7 +74,7 @@ def test_value_budgets_are_raised_by_the_reserve_only_when_enabled(tree):
     assert config.value.critic_max_tokens_per_microbatch == 1000 + 250
     paths = builders.ModelPaths(policy=Path("policy"), tokenizer=Path("policy"), value=Path("policy"))
     factory = builders.value_factory(config, paths, "cpu")
-    assert factory.args[2]["max_tokens_per_microbatch"] == 1250  # a functools.partial(build, path, device, kwargs)
+    assert factory.args[2].max_tokens_per_microbatch == 1250  # a functools.partial(ValueWorker, path, device, settings)
     tree["value"]["privileged_critic"]["enabled"] = False
     value = validate_tree(tree).value
     assert value is not None and value.critic_max_tokens_per_microbatch == 1000

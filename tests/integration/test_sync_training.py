@@ -40,12 +40,12 @@ def test_non_colocated_run_trains_and_generators_hold_the_trainers_exact_weights
     os.environ["ASYNCPPO_CACHE_DIR"] = str(cache_dir)
     run = build_run(validate_tree(tree), tmp_path)
     try:
-        initial = run.policy.group.call(0, "weights")
+        initial = run.policy.weights()
         train(run)
         assert run.weight_sync is not None and run.weight_sync.num_pushes == 3  # initial sync + one per step
-        trained = run.policy.group.call(0, "weights")
-        generated_with = run.generator.group.call(0, "weights")
-        assert run.generator.group.call(0, "policy_version") == 2
+        trained = run.policy.weights()
+        generated_with = run.generator.weights()
+        assert run.generator.policy_version() == 2
     finally:
         run.close()
     assert trained.keys() == generated_with.keys()

@@ -16,6 +16,8 @@ from asyncppo.config import validate_tree
 from asyncppo.trainer.builders import step_settings
 from asyncppo.trainer.ppo_step import StepSettings
 from asyncppo.types import MessageSpan, Role, TrainBatch, Trajectory, collate_trajectories
+from asyncppo.workers.groups import PolicyModel, ValueModel
+from asyncppo.workers.value_worker import Offsets
 
 PAD = 0
 GENERATION_LOGPROB = -0.5
@@ -104,17 +106,11 @@ def snapshot(batch: TrainBatch) -> TrainBatch:
 
 @dataclass(frozen=True)
 class Call:
-    """One model call made by the step: `model.method`, the batch it received, and the critic's keywords."""
+    """One model call made by the step: `model.method`, the batch it received, and the critic's offsets."""
 
     name: str
     batch: TrainBatch
-    offsets: tuple[torch.Tensor, torch.Tensor] | None = None
-    eval_only: bool = False
-
-    @property
-    def label(self) -> str:
-        """The name, marked when the call is the critic's forward-only re-score."""
-        return f"{self.name}(eval_only)" if self.eval_only else self.name
+    offsets: Offsets | None = None
 
 
 @dataclass
@@ -125,10 +121,10 @@ class CallLog:
 
     @property
     def labels(self) -> list[str]:
-        return [call.label for call in self.calls]
+        return [call.name for call in self.calls]
 
-    def of(self, name: str, eval_only: bool = False) -> list[Call]:
-        return [call for call in self.calls if call.name == name and call.eval_only == eval_only]
+    def of(self, name: str) -> list[Call]:
+        return [call for call in self.calls if call.name == name]
 
 
 def pass_metrics(index: int) -> dict[str, float]:
@@ -137,10 +133,10 @@ def pass_metrics(index: int) -> dict[str, float]:
 
 
 POST_UPDATE_METRICS = {"critic/loss": 0.05, "critic/explained_var": 0.97}
-"""What FakeValue reports for the forward-only re-score."""
+"""What FakeValue reports for the forward-only re-score (`evaluate`)."""
 
 
-class FakePolicy:
+class FakePolicy(PolicyModel):
     """Old and reference logprobs = the generation logprobs (no mismatch); train reports its pass index as loss."""
 
     def __init__(self, log: CallLog) -> None:
@@ -160,7 +156,7 @@ class FakePolicy:
         return {"policy/loss": float(passes)}
 
 
-class FakeValue:
+class FakeValue(ValueModel):
     """A critic whose values are the fixed `[B, S]` tensor it was built with; train reports `pass_metrics`."""
 
     def __init__(self, log: CallLog, values: torch.Tensor) -> None:
@@ -172,13 +168,15 @@ class FakeValue:
         self.log.calls.append(Call("value.values", snapshot(batch)))
         return self._values.clone()
 
-    def train(
-        self,
-        batch: TrainBatch,
-        offsets: tuple[torch.Tensor, torch.Tensor] | None = None,
-        eval_only: bool = False,
-    ) -> dict[str, float]:
+    def train(self, batch: TrainBatch, offsets: Offsets | None = None) -> dict[str, float]:
         passes = len(self.log.of("value.train"))
+        self._record("value.train", batch, offsets)
+        return pass_metrics(passes)
+
+    def evaluate(self, batch: TrainBatch, offsets: Offsets | None = None) -> dict[str, float]:
+        self._record("value.evaluate", batch, offsets)
+        return dict(POST_UPDATE_METRICS)
+
+    def _record(self, name: str, batch: TrainBatch, offsets: Offsets | None) -> None:
         copied = None if offsets is None else (offsets[0].clone(), offsets[1].clone())
-        self.log.calls.append(Call("value.train", snapshot(batch), copied, eval_only))
-        return dict(POST_UPDATE_METRICS) if eval_only else pass_metrics(passes)
+        self.log.calls.append(Call(name, snapshot(batch), copied))

@@ -242,7 +242,7 @@ def test_all_critic_passes_then_the_post_update_rescore_then_the_policy_passes(
     # ppo_step's docstring: values (before any update), old logprobs, critic passes, policy passes; the
     # optional forward-only re-score follows the last critic pass.
     expected = ["value.values", "policy.logprobs"] + ["value.train"] * critic_passes
-    expected += ["value.train(eval_only)"] * post_update + ["policy.train"] * ppo_epochs
+    expected += ["value.evaluate"] * post_update + ["policy.train"] * ppo_epochs
     assert log.labels == expected
 
     metrics = output.metrics
@@ -254,7 +254,7 @@ def test_all_critic_passes_then_the_post_update_rescore_then_the_policy_passes(
     if post_update:
         assert metrics["critic/explained_var_post_update"] == POST_UPDATE_METRICS["critic/explained_var"]
         assert metrics["critic/loss_post_update"] == POST_UPDATE_METRICS["critic/loss"]
-        rescore = log.of("value.train", eval_only=True)[0]
+        rescore = log.of("value.evaluate")[0]
         last_pass = log.of("value.train")[-1]
         assert rescore.offsets is not None and last_pass.offsets is not None
         assert torch.equal(rescore.offsets[1], last_pass.offsets[1])

@@ -14,6 +14,7 @@ from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.trainer.ppo_step import StepSettings, ppo_step
 from asyncppo.trainer.privileged_critic import CriticPrefixes, PrivilegedCritic, critic_batch, critic_layout
 from asyncppo.types import MessageSpan, Role, TrainBatch, Trajectory, collate_trajectories
+from asyncppo.workers.groups import PolicyModel, ValueModel
 
 PAD = 0
 
@@ -71,7 +72,7 @@ def _group_batch(tokenizer: Any, turns: int = 1, tasks: list[dict[str, Any]] | N
     ]
 
 
-class FakePolicy:
+class FakePolicy(PolicyModel):
     """Logprobs = the generation logprobs (no mismatch); records the batches it trains on."""
 
     def __init__(self) -> None:
@@ -88,20 +89,23 @@ class FakePolicy:
         return {"policy/loss": 0.0}
 
 
-class FakeValue:
+class FakeValue(ValueModel):
     """V = 0.01 * token id: the same number for a token in either layout, so a correct move changes nothing."""
 
     def __init__(self) -> None:
         self.scored: list[TrainBatch] = []
-        self.trained: list[tuple[TrainBatch, Any, bool]] = []
+        self.trained: list[tuple[TrainBatch, Any]] = []
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
         self.scored.append(batch)
         return 0.01 * batch.input_ids.float() * batch.attention_mask
 
-    def train(self, batch: TrainBatch, offsets: Any = None, eval_only: bool = False) -> dict[str, float]:
-        self.trained.append((batch, offsets, eval_only))
+    def train(self, batch: TrainBatch, offsets: Any = None) -> dict[str, float]:
+        self.trained.append((batch, offsets))
         return {"critic/loss": 0.0}
+
+    def evaluate(self, batch: TrainBatch, offsets: Any = None) -> dict[str, float]:
+        raise AssertionError("these steps log no post-update critic metrics")
 
 
 def _settings(estimator: str, residual: bool, privileged: bool) -> StepSettings:
@@ -233,7 +237,7 @@ def test_privilege_composes_with_token_and_turn_gae_and_both_target_spaces(
     assert torch.equal(policy.trained[0].input_ids, plain_policy.trained[0].input_ids)  # the policy sees no block
     assert output.metrics["critic/explained_var"] == plain.metrics["critic/explained_var"]
 
-    (trained, offsets, _), (plain_trained, plain_offsets, _) = value.trained[0], plain_value.trained[0]
+    (trained, offsets), (plain_trained, plain_offsets) = value.trained[0], plain_value.trained[0]
     layout = critic_layout(output.batch, prefixes)
     assert torch.equal(trained.input_ids, layout.input_ids)
     # Returns and the critic mask moved to the critic layout; [B] offsets and masks unchanged, rows in order.
@@ -250,7 +254,7 @@ def test_privilege_composes_with_token_and_turn_gae_and_both_target_spaces(
 def test_the_block_precedes_every_supervised_token(tokenizer: Any, privileged: PrivilegedCritic, estimator: str):
     _, _, value, prefixes = _run(tokenizer, privileged, estimator, residual=True)
     assert prefixes is not None
-    trained, _, _ = value.trained[0]
+    trained, _ = value.trained[0]
     assert trained.critic_mask is not None
     for row, prefix in enumerate(prefixes.token_ids):
         supervised = trained.critic_mask[row].nonzero().flatten()
@@ -260,7 +264,7 @@ def test_the_block_precedes_every_supervised_token(tokenizer: Any, privileged: P
 def test_turn_anchors_survive_into_the_critic_layout(tokenizer: Any, privileged: PrivilegedCritic):
     output, _, value, prefixes = _run(tokenizer, privileged, "turn_gae", residual=True)
     assert prefixes is not None
-    trained, _, _ = value.trained[0]
+    trained, _ = value.trained[0]
     for row, prefix in enumerate(prefixes.token_ids):
         policy_anchors = output.batch.critic_mask[row].nonzero().flatten()
         critic_anchors = trained.critic_mask[row].nonzero().flatten()

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 import torch
-from worker_fakes import common_options, policy_loss_settings
+from worker_fakes import policy_settings, value_settings
 
-from asyncppo.config.losses import ValueLossConfig
+from asyncppo.generation.engines import EngineSettings
 from asyncppo.models.tiny import ensure_tiny
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.value_worker import ValueWorker
@@ -31,26 +31,19 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def make_policy(tiny_dir: Path) -> Callable[..., PolicyWorker]:
-    """PolicyWorker on the tiny model; keyword arguments override the defaults."""
+    """PolicyWorker on the tiny model; keyword arguments override `policy_settings` fields."""
 
-    def build(**overrides: Any) -> PolicyWorker:
-        options = {
-            "temperature": 1.0,
-            "logprob_chunk_size": 16,
-            "loss_settings": policy_loss_settings(),
-            "keep_reference": False,
-        }
-        return PolicyWorker(tiny_dir, **(common_options(options | overrides)))
+    def build(device: str = "cpu", colocated_engine: EngineSettings | None = None, **overrides: Any) -> PolicyWorker:
+        return PolicyWorker(tiny_dir, device, policy_settings(**overrides), colocated_engine)
 
     return build
 
 
 @pytest.fixture
 def make_value(tiny_dir: Path) -> Callable[..., ValueWorker]:
-    """ValueWorker on the tiny model (zero head); keyword arguments override the defaults."""
+    """ValueWorker on the tiny model (zero head); keyword arguments override `value_settings` fields."""
 
-    def build(**overrides: Any) -> ValueWorker:
-        options = {"loss_settings": ValueLossConfig(scale=1.0, cliprange=None)}
-        return ValueWorker(tiny_dir, **(common_options(options | overrides)))
+    def build(device: str = "cpu", **overrides: Any) -> ValueWorker:
+        return ValueWorker(tiny_dir, device, value_settings(**overrides))
 
     return build

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from worker_fakes import common_options, make_batch, policy_loss_settings, with_old_logprobs
+from worker_fakes import make_batch, policy_settings, value_settings, with_old_logprobs
 
 from asyncppo.config.losses import ValueLossConfig
 from asyncppo.config.models import OptimizerConfig
@@ -26,21 +26,16 @@ WORLD_SIZE = 2
 def build_workers(model_dir: Path, device: str) -> tuple[PolicyWorker, ValueWorker]:
     # eps = 1: Adam's update stays proportional to the gradient, so summation-order noise is not amplified into
     # sign flips on near-zero gradients (as eps = 1e-8 would do over several steps).
-    shared = {
-        "device": device,
+    shared: dict[str, Any] = {
         "train_global_batch_size": 4,
         "max_tokens_per_microbatch": 20,
         "logprob_batch_size": 2,
         "optimizer": OptimizerConfig(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1.0),
     }
-    policy_options = {
-        "temperature": 1.0,
-        "logprob_chunk_size": 16,
-        "loss_settings": policy_loss_settings(),
-        "keep_reference": True,
-    }
-    policy = PolicyWorker(model_dir, **common_options(shared | policy_options))
-    value = ValueWorker(model_dir, **common_options(shared | {"loss_settings": ValueLossConfig(scale=1.0, cliprange=0.5)}))
+    policy = PolicyWorker(model_dir, device, policy_settings(**shared, keep_reference=True))
+    value = ValueWorker(
+        model_dir, device, value_settings(**shared, loss_settings=ValueLossConfig(scale=1.0, cliprange=0.5))
+    )
     return policy, value
 
 
@@ -53,7 +48,7 @@ def run_steps(model_dir: Path, checkpoint_dir: Path, device: str) -> dict[str, A
     result: dict[str, Any] = {"old_logprobs": batch.old_logprobs, "values": batch.values}
     result["policy_metrics"] = policy.train(batch)
     result["critic_metrics"] = value.train(batch, offsets=offsets)
-    result["critic_eval"] = value.train(batch, offsets=offsets, eval_only=True)
+    result["critic_eval"] = value.evaluate(batch, offsets=offsets)
     policy.save(checkpoint_dir)
     policy.load(checkpoint_dir)
     result["policy_metrics_after_load"] = policy.train(batch)

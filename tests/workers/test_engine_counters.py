@@ -1,5 +1,5 @@
-"""Engine counters on their way to the step metrics: endpoints read them (graph: prefix reuse; hf: nothing), the
-driver-side RemoteGenerator sums them over ranks and survives ranks that cannot answer, and two readings become
+"""Engine counters on their way to the step metrics: workers read them (graph: prefix reuse; hf: nothing), the
+driver-side GeneratorGroup sums them over ranks and survives ranks that cannot answer, and two readings become
 the step's `generation/*` deltas."""
 
 from collections.abc import Callable, Sequence
@@ -12,10 +12,10 @@ import torch
 from asyncppo.generation.engines import EngineSettings, prefix_reuse_metrics
 from asyncppo.generation.protocol import GenerationRequest, SamplingParams
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
-from asyncppo.workers.endpoints import GeneratorEndpoint, PolicyEndpoint
+from asyncppo.workers.generator_worker import GeneratorWorker, load_generator_worker
+from asyncppo.workers.groups import GenerationWorker, GeneratorGroup
 from asyncppo.workers.policy_worker import PolicyWorker
-from asyncppo.workers.ray_host import WorkerCallError
-from asyncppo.workers.remote import RemoteGenerator
+from asyncppo.workers.ray_host import PendingCall, WorkerCallError, WorkerGroup
 
 COUNTERS = {"prefill_tokens_sent", "prefill_tokens_computed", "prefix_hits"}
 
@@ -24,75 +24,78 @@ def engine_settings(backend: str) -> EngineSettings:
     return EngineSettings(4, 128, 0, (EOS_TOKEN_ID,), PAD_TOKEN_ID, backend=backend)  # pyright: ignore[reportArgumentType]
 
 
-def two_turns(endpoint: GeneratorEndpoint | PolicyEndpoint) -> None:
+def two_turns(worker: GeneratorWorker | PolicyWorker) -> None:
     """A first turn, then a prompt that repeats it with the reply (a multi-turn history)."""
     turn = SamplingParams(greedy=True, max_new_tokens=6, ignore_eos=True)
     first = tuple(range(20, 40))
-    reply = endpoint.generate([GenerationRequest(first, turn)])[0]
-    endpoint.generate([GenerationRequest(first + reply.token_ids + (50, 51), turn)])
+    reply = worker.generate([GenerationRequest(first, turn)])[0]
+    worker.generate([GenerationRequest(first + reply.token_ids + (50, 51), turn)])
 
 
-def test_a_graph_generator_endpoint_counts_the_prefill_its_prefix_cache_saves(tiny_dir: Path) -> None:
-    endpoint = GeneratorEndpoint(str(tiny_dir), torch.float32, "cpu", engine_settings("graph"), rank=0)
+def test_a_graph_generator_worker_counts_the_prefill_its_prefix_cache_saves(tiny_dir: Path) -> None:
+    worker = load_generator_worker(str(tiny_dir), torch.float32, "cpu", engine_settings("graph"), rank=0)
     try:
-        assert endpoint.engine_counters() == dict.fromkeys(COUNTERS, 0.0)
-        two_turns(endpoint)
-        counters = endpoint.engine_counters()
+        assert worker.engine_counters() == dict.fromkeys(COUNTERS, 0.0)
+        two_turns(worker)
+        counters = worker.engine_counters()
     finally:
-        endpoint.close()
+        worker.close()
     assert counters["prefill_tokens_sent"] == 20 + 28 and counters["prefix_hits"] == 1
     # The second prompt reuses the first turn's KV: only the reply's last token and the two new ones run again.
     assert counters["prefill_tokens_computed"] == 20 + 3
 
 
-def test_an_hf_endpoint_and_a_policy_endpoint_without_generator_report_no_counters(
+def test_an_hf_generator_and_a_policy_worker_without_one_report_no_counters(
     tiny_dir: Path, make_policy: Callable[..., PolicyWorker]
 ) -> None:
-    hf = GeneratorEndpoint(str(tiny_dir), torch.float32, "cpu", engine_settings("hf"), rank=0)
+    hf = load_generator_worker(str(tiny_dir), torch.float32, "cpu", engine_settings("hf"), rank=0)
     try:
         two_turns(hf)
         assert hf.engine_counters() == {}  # hf has no prefix cache: no numbers to invent
     finally:
         hf.close()
-    assert PolicyEndpoint(make_policy(), colocated_engine=None).engine_counters() == {}
+    assert make_policy(colocated_engine=None).engine_counters() == {}
 
 
-def test_a_colocated_graph_engine_reports_through_the_policy_endpoint(make_policy: Callable[..., PolicyWorker]) -> None:
-    endpoint = PolicyEndpoint(make_policy(), colocated_engine=engine_settings("graph"))
+def test_a_colocated_graph_engine_reports_through_the_policy_worker(
+    make_policy: Callable[..., PolicyWorker],
+) -> None:
+    worker = make_policy(colocated_engine=engine_settings("graph"))
     try:
-        two_turns(endpoint)
-        counters = endpoint.engine_counters()
+        two_turns(worker)
+        counters = worker.engine_counters()
     finally:
-        endpoint.close()
+        worker.close()
     assert counters.keys() == COUNTERS and counters["prefix_hits"] == 1
     assert counters["prefill_tokens_computed"] < counters["prefill_tokens_sent"]
 
 
-class FakeGroup:
-    """A WorkerGroup stand-in: each rank answers `engine_counters` from a list, or raises WorkerCallError."""
+class FakeGroup(WorkerGroup[GenerationWorker]):
+    """A WorkerGroup without Ray: each rank answers `engine_counters` from a list, or raises WorkerCallError."""
 
     def __init__(self, answers: Sequence[dict[str, float] | None]):
+        super().__init__("generator", [None] * len(answers), timeout_s=3600.0)
         self.answers = list(answers)
         self.calls = 0
 
-    def __len__(self) -> int:
-        return len(self.answers)
-
-    def submit_all(self, method: str) -> list[int]:
-        assert method == "engine_counters"
+    def submit_all(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[PendingCall[Any]]:
         self.calls += 1
-        return list(range(len(self.answers)))
+        return super().submit_all(method, *args, **kwargs)
 
-    def gather(self, refs: Sequence[int], method: str, timeout_s: float | None = None) -> list[Any]:
+    def submit(self, rank: int, method: Callable[..., Any], *args: Any, **kwargs: Any) -> PendingCall[Any]:
+        assert method is GenerationWorker.engine_counters
+        return PendingCall(ref=None, rank=rank, method=method.__name__)
+
+    def gather(self, calls: Sequence[PendingCall[Any]], timeout_s: float | None = None) -> list[Any]:
         assert timeout_s is not None  # a stuck rank must not hold the driver for the group's hour-long timeout
-        for rank in refs:
-            if self.answers[rank] is None:
-                raise WorkerCallError(f"generator[{rank}].{method} failed: AttributeError: no such method")
-        return [self.answers[rank] for rank in refs]
+        for call in calls:
+            if self.answers[call.rank] is None:
+                raise WorkerCallError(f"generator[{call.rank}].{call.method} failed: AttributeError: no such method")
+        return [self.answers[call.rank] for call in calls]
 
 
-def remote(group: FakeGroup) -> RemoteGenerator:
-    return RemoteGenerator(group)  # pyright: ignore[reportArgumentType]
+def remote(group: FakeGroup) -> GeneratorGroup:
+    return GeneratorGroup(group)
 
 
 def test_remote_counters_are_summed_over_ranks_in_one_gathered_call() -> None:

@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from asyncppo.workers.endpoints import PhasePeaks
+from asyncppo.workers.phase_peaks import PhasePeaks
 
 
 def test_a_cpu_process_reports_no_memory_peaks() -> None:

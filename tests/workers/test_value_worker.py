@@ -47,11 +47,11 @@ def test_values_equal_the_models_right_shifted_values(make_value: MakeValue) -> 
 def test_training_moves_values_toward_the_returns(make_value: MakeValue) -> None:
     worker = make_value(loss_settings=ValueLossConfig(scale=1.0, cliprange=0.5))
     batch = critic_batch(worker)
-    first = worker.train(batch, eval_only=True)["critic/loss"]
+    first = worker.evaluate(batch)["critic/loss"]
     for _ in range(4):
         metrics = worker.train(batch)
     assert metrics["critic/num_optimizer_steps"] == 1
-    assert worker.train(batch, eval_only=True)["critic/loss"] < 0.5 * first
+    assert worker.evaluate(batch)["critic/loss"] < 0.5 * first
 
 
 def test_explained_variance_from_summed_statistics_matches_pooled_ev(make_value: MakeValue) -> None:
@@ -62,7 +62,7 @@ def test_explained_variance_from_summed_statistics_matches_pooled_ev(make_value:
     assert batch.returns is not None and batch.values is not None
     offsets = (torch.linspace(0.0, 1.0, len(LENGTHS)), torch.tensor([0.5, -0.5, 0.2, 0.0, 1.0, -1.0]))
     before = weights_of(worker.model)
-    metrics = worker.train(batch, offsets=offsets, eval_only=True)
+    metrics = worker.evaluate(batch, offsets=offsets)
     mask = batch.token_mask * batch.sample_mask[:, None]
     ev_abs, ev_res = pooled_explained_variance(batch.values, batch.returns, mask, *offsets)
     assert metrics["critic/explained_var"] == pytest.approx(ev_abs, abs=1e-5)
@@ -77,7 +77,7 @@ def test_critic_masks_override_the_policy_masks(make_value: MakeValue) -> None:
     batch = critic_batch(worker)
     only_row_one = torch.zeros(len(LENGTHS))
     only_row_one[1] = 1.0
-    metrics = worker.train(batch.with_fields(critic_sample_mask=only_row_one), eval_only=True)
+    metrics = worker.evaluate(batch.with_fields(critic_sample_mask=only_row_one))
     assert metrics["critic/num_valid_samples"] == 1.0
 
 

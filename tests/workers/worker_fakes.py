@@ -3,14 +3,17 @@
 A module with its own name (not conftest) so tests and spawned ranks import it unambiguously.
 """
 
+import dataclasses
 from typing import Any
 
 import torch
 
-from asyncppo.config.losses import PolicyLossConfig
+from asyncppo.config.losses import PolicyLossConfig, ValueLossConfig
 from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.types import MessageSpan, TrainBatch
-from asyncppo.workers.policy_worker import PolicyWorker
+from asyncppo.workers.policy_worker import PolicyWorker, PolicyWorkerSettings
+from asyncppo.workers.trained_model import TrainedModelSettings
+from asyncppo.workers.value_worker import ValueWorkerSettings
 
 PROMPT_LENGTH = 3
 
@@ -55,22 +58,35 @@ def policy_loss_settings(**overrides: Any) -> PolicyLossConfig:
     return PolicyLossConfig(**({"use_importance_sampling_correction": True} | overrides))
 
 
-def common_options(overrides: dict[str, Any]) -> dict[str, Any]:
-    common: dict[str, Any] = {
-        "dtype": "float32",
-        "device": "cpu",
-        "tokenizer_path": None,
-        "optimizer": OptimizerConfig(lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8),
-        "scheduler": SchedulerConfig(name="constant", warmup_steps=0, total_steps=None, min_lr_ratio=0.0),
-        "scheduler_total_steps": None,
-        "max_grad_norm": 1.0,
-        "train_global_batch_size": None,
-        "train_micro_batch_size": 2,
-        "max_tokens_per_microbatch": None,
-        "logprob_batch_size": 3,
-        "activation_checkpointing": False,
-    }
-    return common | overrides
+def policy_settings(**overrides: Any) -> PolicyWorkerSettings:
+    """The worker tests' PolicyWorkerSettings; keyword arguments replace fields."""
+    defaults = PolicyWorkerSettings(
+        dtype="float32",
+        tokenizer_path=None,
+        optimizer=OptimizerConfig(lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8),
+        scheduler=SchedulerConfig(name="constant", warmup_steps=0, total_steps=None, min_lr_ratio=0.0),
+        scheduler_total_steps=None,
+        max_grad_norm=1.0,
+        train_global_batch_size=None,
+        train_micro_batch_size=2,
+        max_tokens_per_microbatch=None,
+        logprob_batch_size=3,
+        activation_checkpointing=False,
+        temperature=1.0,
+        logprob_chunk_size=16,
+        loss_settings=policy_loss_settings(),
+        keep_reference=False,
+    )
+    return dataclasses.replace(defaults, **overrides)
+
+
+def value_settings(**overrides: Any) -> ValueWorkerSettings:
+    """ValueWorkerSettings with the policy defaults' shared fields and an unclipped loss; keyword arguments
+    replace fields."""
+    policy = policy_settings()
+    shared = {spec.name: getattr(policy, spec.name) for spec in dataclasses.fields(TrainedModelSettings)}
+    defaults = ValueWorkerSettings(**shared, loss_settings=ValueLossConfig(scale=1.0, cliprange=None))
+    return dataclasses.replace(defaults, **overrides)
 
 
 def with_old_logprobs(worker: PolicyWorker, batch: TrainBatch) -> TrainBatch:

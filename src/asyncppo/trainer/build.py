@@ -26,8 +26,8 @@ from asyncppo.trainer.run_inputs import (
     load_data,
     single_turn_rollouts,
 )
+from asyncppo.workers.groups import GeneratorGroup, PolicyGroup, ValueGroup, WeightSync
 from asyncppo.workers.ray_host import HostOptions, WorkerGroup, init_local_ray
-from asyncppo.workers.remote import RemoteGenerator, RemotePolicy, RemoteValue, WeightSync
 
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
     pass
@@ -73,7 +73,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     num_gpus = config.cluster.gpus_per_node or None
     init_local_ray(num_cpus=config.cluster.num_cpus, num_gpus=num_gpus, address=config.cluster.ray_address)
 
-    groups: list[WorkerGroup] = []
+    groups: list[WorkerGroup[object]] = []
     gpu = device == "cuda"
     try:
         policy_group = WorkerGroup.start(
@@ -92,12 +92,12 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
                 WORKER_CALL_TIMEOUT_S,
             )
             groups.append(value_group)
-            value = RemoteValue(value_group)
+            value = ValueGroup(value_group)
         weight_sync = None
         if colocated:
-            generation_group = policy_group
+            generator = GeneratorGroup(policy_group)
         else:
-            generation_group = WorkerGroup.start(
+            generator_group = WorkerGroup.start(
                 "generator",
                 [
                     builders.generator_factory(config, paths, device, engine, rank)
@@ -108,22 +108,22 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
                 _host_options(device, 1 if gpu else 0, max_concurrency=max(64, 2 * config.generation.max_batch_size)),
                 WORKER_CALL_TIMEOUT_S,
             )
-            groups.append(generation_group)
+            groups.append(generator_group)
+            generator = GeneratorGroup(generator_group)
             sync = config.generation.weight_sync
             spec = SyncGroupSpec(
                 host="127.0.0.1",
                 port=free_port(),
-                world_size=1 + len(generation_group),
+                world_size=1 + len(generator_group),
                 backend="nccl" if gpu else "gloo",
                 timeout_s=sync.timeout_s,
             )
-            weight_sync = WeightSync(policy_group, generation_group, spec, sync)
+            weight_sync = WeightSync(policy_group, generator_group, spec, sync)
     except BaseException:
         for group in groups:
             group.kill()
         raise
 
-    generator = RemoteGenerator(generation_group)
     published = PublishedVersion()
     gym = None
     if config.env.should_use_nemo_gym:
@@ -132,7 +132,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         try:
             results_log = run_dir / GYM_RESULTS_FILE if config.env.should_log_nemo_gym_responses else None
             gym = start_gym_rollouts(
-                config, generation_group, tokenizer, str(paths.tokenizer), lambda: published.value, results_log
+                config, generator, tokenizer, str(paths.tokenizer), lambda: published.value, results_log
             )
         except BaseException:
             for group in groups:
@@ -162,7 +162,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
         config=config,
         run_dir=run_dir,
         step_settings=builders.step_settings(config),
-        policy=RemotePolicy(policy_group),
+        policy=PolicyGroup(policy_group),
         value=value,
         generator=generator,
         weight_sync=weight_sync,

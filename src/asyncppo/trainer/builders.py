@@ -22,9 +22,10 @@ from asyncppo.generation.engines import EngineSettings
 from asyncppo.generation.protocol import SamplingParams
 from asyncppo.models.tiny import PRESETS, ensure_tiny
 from asyncppo.trainer.ppo_step import RewardScaling, RewardShaping, StepSettings
-from asyncppo.workers.endpoints import GeneratorEndpoint, PolicyEndpoint, ValueEndpoint
-from asyncppo.workers.policy_worker import PolicyWorker
-from asyncppo.workers.value_worker import ValueWorker
+from asyncppo.workers.generator_worker import GeneratorWorker, load_generator_worker
+from asyncppo.workers.policy_worker import PolicyWorker, PolicyWorkerSettings
+from asyncppo.workers.trained_model import TrainedModelSettings
+from asyncppo.workers.value_worker import ValueWorker, ValueWorkerSettings
 
 TINY_PREFIX = "tiny:"
 DEMO_PREFIX = "demo:"
@@ -218,65 +219,58 @@ def engine_settings(config: RunConfig, eos_token_ids: tuple[int, ...], pad_token
     )
 
 
-def _build_policy_endpoint(
-    model_path: str, device: str, colocated: EngineSettings | None, worker_kwargs: dict[str, object]
-) -> PolicyEndpoint:
-    # Runs inside the policy host process: the model is loaded there, never shipped.
-    worker = PolicyWorker(model_path, device=device, **worker_kwargs)  # pyright: ignore[reportArgumentType]
-    return PolicyEndpoint(worker, colocated)
-
-
-def _build_value_endpoint(model_path: str, device: str, worker_kwargs: dict[str, object]) -> ValueEndpoint:
-    return ValueEndpoint(ValueWorker(model_path, device=device, **worker_kwargs))  # pyright: ignore[reportArgumentType]
-
-
-def _trained_model_options(
-    config: RunConfig, section: TrainedModelConfig, paths: ModelPaths, passes_per_step: int
-) -> dict[str, object]:
-    """Worker options the policy and the value model both take from their section (`model` or `value`)."""
-    return {
-        "dtype": DTYPES[section.precision],
-        "tokenizer_path": str(paths.tokenizer),
-        "optimizer": section.optimizer,
-        "scheduler": section.scheduler,
-        "scheduler_total_steps": optimizer_steps_per_run(config, section, passes_per_step),
-        "max_grad_norm": section.max_grad_norm,
-        "train_global_batch_size": section.train_global_batch_size,
-        "train_micro_batch_size": section.train_micro_batch_size,
-        "logprob_batch_size": section.logprob_batch_size,
-        "activation_checkpointing": section.activation_checkpointing,
-    }
+def _trained_model_settings(
+    config: RunConfig, section: TrainedModelConfig, paths: ModelPaths, passes_per_step: int, max_tokens: int | None
+) -> TrainedModelSettings:
+    """What the policy and the value model both take from their section (`model` or `value`)."""
+    return TrainedModelSettings(
+        dtype=DTYPES[section.precision],
+        tokenizer_path=str(paths.tokenizer),
+        optimizer=section.optimizer,
+        scheduler=section.scheduler,
+        scheduler_total_steps=optimizer_steps_per_run(config, section, passes_per_step),
+        max_grad_norm=section.max_grad_norm,
+        train_global_batch_size=section.train_global_batch_size,
+        train_micro_batch_size=section.train_micro_batch_size,
+        max_tokens_per_microbatch=max_tokens,
+        logprob_batch_size=section.logprob_batch_size,
+        activation_checkpointing=section.activation_checkpointing,
+    )
 
 
 def policy_factory(
     config: RunConfig, paths: ModelPaths, device: str, colocated: EngineSettings | None
-) -> Callable[[], PolicyEndpoint]:
-    """A picklable zero-argument factory of the PolicyEndpoint (built in its host process)."""
+) -> Callable[[], PolicyWorker]:
+    """A picklable zero-argument factory of the PolicyWorker (built in its host process: the model is loaded
+    there, never shipped)."""
     section = config.model
-    kwargs = _trained_model_options(config, section, paths, config.ppo.ppo_epochs) | {
-        "max_tokens_per_microbatch": section.max_tokens_per_microbatch,
-        "temperature": config.generation.temperature,
-        "logprob_chunk_size": section.logprob_chunk_size,
-        "loss_settings": config.loss_fn,
-        "keep_reference": needs_reference_logprobs(config),
-    }
-    return functools.partial(_build_policy_endpoint, str(paths.policy), device, colocated, kwargs)
+    trained = _trained_model_settings(config, section, paths, config.ppo.ppo_epochs, section.max_tokens_per_microbatch)
+    settings = PolicyWorkerSettings(
+        **vars(trained),
+        temperature=config.generation.temperature,
+        logprob_chunk_size=section.logprob_chunk_size,
+        loss_settings=config.loss_fn,
+        keep_reference=needs_reference_logprobs(config),
+    )
+    return functools.partial(PolicyWorker, str(paths.policy), device, settings, colocated)
 
 
-def value_factory(config: RunConfig, paths: ModelPaths, device: str) -> Callable[[], ValueEndpoint]:
-    """A picklable zero-argument factory of the ValueEndpoint."""
+def value_factory(config: RunConfig, paths: ModelPaths, device: str) -> Callable[[], ValueWorker]:
+    """A picklable zero-argument factory of the ValueWorker."""
     section = config.value
     assert section is not None and paths.value is not None
-    kwargs = _trained_model_options(config, section, paths, config.ppo.resolved_critic_ppo_epochs) | {
-        # Privileged critic sequences are longer by up to the block's reserve; the budget grows with them.
-        "max_tokens_per_microbatch": section.critic_max_tokens_per_microbatch,
-        "loss_settings": config.value_loss_fn,
-    }
-    return functools.partial(_build_value_endpoint, str(paths.value), device, kwargs)
+    # Privileged critic sequences are longer by up to the block's reserve; the budget grows with them.
+    trained = _trained_model_settings(
+        config, section, paths, config.ppo.resolved_critic_ppo_epochs, section.critic_max_tokens_per_microbatch
+    )
+    settings = ValueWorkerSettings(**vars(trained), loss_settings=config.value_loss_fn)
+    return functools.partial(ValueWorker, str(paths.value), device, settings)
 
 
 def generator_factory(
     config: RunConfig, paths: ModelPaths, device: str, engine: EngineSettings, rank: int
-) -> Callable[[], GeneratorEndpoint]:
-    """A picklable zero-argument factory of one non-colocated GeneratorEndpoint."""
-    return functools.partial(GeneratorEndpoint, str(paths.policy), DTYPES[config.model.precision], device, engine, rank)
+) -> Callable[[], GeneratorWorker]:
+    """A picklable zero-argument factory of one non-colocated GeneratorWorker."""
+    return functools.partial(
+        load_generator_worker, str(paths.policy), DTYPES[config.model.precision], device, engine, rank
+    )

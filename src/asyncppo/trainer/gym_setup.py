@@ -21,8 +21,8 @@ from asyncppo.gym.servers.resources import RESOURCES_APPS
 from asyncppo.pipeline.sources import GroupRolloutFn
 from asyncppo.rollout.penalties import PenaltySettings
 from asyncppo.types import Trajectory
+from asyncppo.workers.groups import GeneratorGroup
 from asyncppo.workers.policy_http import PolicyServerSettings
-from asyncppo.workers.ray_host import WorkerGroup
 
 log = logging.getLogger(__name__)
 Row = dict[str, Any]
@@ -96,7 +96,7 @@ class GymRollouts:
 
 def start_gym_rollouts(
     config: RunConfig,
-    generation_group: WorkerGroup,
+    generator: GeneratorGroup,
     tokenizer: PreTrainedTokenizerBase,
     tokenizer_path: str,
     policy_version: Callable[[], int],
@@ -105,7 +105,7 @@ def start_gym_rollouts(
     """Serve every generation host over HTTP, start the built-in gym (launch: builtin) and connect the client."""
     gym = config.env.gym
     settings = policy_server_settings(config, tokenizer_path)
-    urls = [str(url) for url in generation_group.call_all("serve_http", settings)]
+    urls = generator.serve_http(settings)
     builtin = None
     if gym.launch == "builtin":
         builtin = launch_builtin_gym(

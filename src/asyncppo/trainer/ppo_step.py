@@ -10,7 +10,8 @@
     7. policy passes (ppo_epochs, from step W on) on the policy layout, which is also what StepOutput carries
 
 Called by the driver loop (`trainer/loop.py`) once per step. It talks to the models only through the two small
-protocols below, so it runs the same on Ray worker groups and on in-process workers (tests). The privileged
+protocols of the worker facade (`PolicyModel`, `ValueModel`), so it runs the same on Ray worker groups and on
+in-process workers (tests). The privileged
 critic's prefixes are built by the driver from the step's trajectories (it holds the tokenizer) and come in as
 `critic_prefixes` (`trainer/privileged_critic.py`); the policy never sees them.
 """
@@ -18,7 +19,7 @@ critic's prefixes are built by the driver from the step's trajectories (it holds
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -33,29 +34,7 @@ from asyncppo.algorithms.reward_processing import overlong_filter_mask, scale_re
 from asyncppo.algorithms.turns import TurnSpans, build_turn_spans, validate_turn_spans
 from asyncppo.trainer.privileged_critic import CriticPrefixes, critic_batch, critic_layout
 from asyncppo.types import TrainBatch
-
-
-class PolicyModel(Protocol):
-    """The policy side of a step (a Ray worker group or an in-process PolicyWorker)."""
-
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor: ...
-
-    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor: ...
-
-    def train(self, batch: TrainBatch) -> dict[str, float]: ...
-
-
-class ValueModel(Protocol):
-    """The critic side of a step."""
-
-    def values(self, batch: TrainBatch) -> torch.Tensor: ...
-
-    def train(
-        self,
-        batch: TrainBatch,
-        offsets: tuple[torch.Tensor, torch.Tensor] | None = None,
-        eval_only: bool = False,
-    ) -> dict[str, float]: ...
+from asyncppo.workers.groups import PolicyModel, ValueModel
 
 
 @dataclass(frozen=True)
@@ -323,7 +302,7 @@ def _train_critic(
         }
     )
     if settings.log_post_update_critic_metrics:
-        rescored = value.train(batch, offsets=offsets, eval_only=True)
+        rescored = value.evaluate(batch, offsets=offsets)
         for key in ("critic/explained_var", "critic/loss"):
             if key in rescored:
                 metrics[f"{key}_post_update"] = rescored[key]

@@ -34,8 +34,8 @@ from asyncppo.trainer.run_inputs import (
     ValidationRolloutFn,
 )
 from asyncppo.types import Trajectory
+from asyncppo.workers.groups import GeneratorGroup, PolicyGroup, ValueGroup, WeightSync
 from asyncppo.workers.ray_host import WorkerGroup
-from asyncppo.workers.remote import RemoteGenerator, RemotePolicy, RemoteValue, WeightSync
 
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
     from asyncppo.trainer.gym_setup import GymRollouts
@@ -67,9 +67,9 @@ class Run:
     config: RunConfig
     run_dir: Path
     step_settings: StepSettings
-    policy: RemotePolicy
-    value: RemoteValue | None
-    generator: RemoteGenerator
+    policy: PolicyGroup
+    value: ValueGroup | None
+    generator: GeneratorGroup
     weight_sync: WeightSync | None
     source: BatchSource
     validation_rows: list[dict[str, Any]]
@@ -78,7 +78,7 @@ class Run:
     checkpoints: CheckpointManager | None
     pad_token_id: int
     published: PublishedVersion
-    groups: list[WorkerGroup] = field(default_factory=list[WorkerGroup])
+    groups: list[WorkerGroup[object]] = field(default_factory=list[WorkerGroup[object]])
     gym: "GymRollouts | None" = None
     privileged_critic: PrivilegedCritic | None = None
     engine_counters: dict[str, float] = field(default_factory=dict[str, float])
@@ -154,13 +154,13 @@ class Run:
             return 0
         state = load_run_state(latest)
         if (latest / POLICY_DIR).is_dir():
-            self.policy.group.call_all("load", str(latest / POLICY_DIR))
+            self.policy.load(latest / POLICY_DIR)
         else:
             log.warning(
                 "checkpoint %s has no policy (still in critic warm-up): the policy starts from its base", latest
             )
         if self.value is not None:
-            self.value.group.call_all("load", str(latest / VALUE_DIR))
+            self.value.load(latest / VALUE_DIR)
         self.source.load_state_dict(load_state(latest / SOURCE_STATE_FILE))
         restore_rng_state(load_state(latest / RNG_STATE_FILE))
         print(f"resumed from {latest} (step {state.step})", flush=True)
@@ -170,7 +170,7 @@ class Run:
         assert self.config.value is not None or self.value is None
         path = self.config.value.warm_start_path if self.config.value is not None else None
         if path is not None and self.value is not None:
-            self.value.group.call_all("warm_start", path)
+            self.value.warm_start(path)
             print(f"critic warm-started from {path} (weights only, fresh optimizer)", flush=True)
 
     def log_accounting(self, step: int) -> None:
@@ -183,9 +183,9 @@ class Run:
             return None
         directory = self.checkpoints.begin(step)
         if policy_has_trained:
-            self.policy.group.call(0, "save", str(directory / POLICY_DIR))
+            self.policy.save(directory / POLICY_DIR)
         if self.value is not None:
-            self.value.group.call(0, "save", str(directory / VALUE_DIR))
+            self.value.save(directory / VALUE_DIR)
         source_state = self.source.state_dict()
         save_state(directory / SOURCE_STATE_FILE, source_state)
         # The run's own books: every prompt drawn is trained, dropped with a reason, buffered or pending.

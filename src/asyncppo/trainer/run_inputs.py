@@ -21,7 +21,7 @@ from asyncppo.rollout.rewards import load_reward_function
 from asyncppo.rollout.single_turn import run_single_turn_rollouts
 from asyncppo.trainer import builders
 from asyncppo.types import Trajectory
-from asyncppo.workers.remote import RemoteGenerator
+from asyncppo.workers.groups import GeneratorGroup
 
 FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
 ValidationRolloutFn = Callable[[Sequence[dict[str, Any]], int], tuple[list[Trajectory], int]]
@@ -40,7 +40,7 @@ class RolloutFunctions:
 
 
 def single_turn_rollouts(
-    config: RunConfig, generator: RemoteGenerator, tokenizer: Any, eos: tuple[int, ...]
+    config: RunConfig, generator: GeneratorGroup, tokenizer: Any, eos: tuple[int, ...]
 ) -> RolloutFunctions:
     """Reward-function rollouts: one generation per sample from the row's prompt, scored by env.reward_function."""
     reward_fn = load_reward_function(config.env.reward_function)
@@ -82,7 +82,7 @@ def batch_source(
     config: RunConfig,
     rows: list[dict[str, Any]],
     rollouts: RolloutFunctions,
-    generator: RemoteGenerator,
+    generator: GeneratorGroup,
     start_step: int,
 ) -> BatchSource:
     """Sync: generate each step's batch on demand, reseeding the generators per step. Async: a collector runs

@@ -1,6 +1,6 @@
 """Data parallelism of a training group: FSDP2 sharding and the few collectives the training loop needs.
 
-Used by `trained_model.TrainedModel` and `training.train_pass` when `torch.distributed` is initialised with more
+Used by `trained_model.TrainedWorker` and `training.train_pass` when `torch.distributed` is initialised with more
 than one rank (a policy or value group spanning several devices; the Ray shells set it up). With one process
 every helper is a no-op, so the same code runs in-process and in a group.
 """

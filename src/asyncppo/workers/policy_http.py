@@ -1,6 +1,6 @@
 """The policy HTTP server inside a generation host: gym agents reach that host's engine directly, no driver hop.
 
-Called by GeneratorEndpoint / PolicyEndpoint (colocated) `serve_http`, in the host process that owns the engine:
+Called by GeneratorWorker `serve_http` (also for a colocated PolicyWorker), in the host process that owns the engine:
 
     gym agent --POST /v1/chat/completions--> PolicyServer (uvicorn thread) --submit--> HFGenerator (same process)
 """

@@ -1,107 +1,100 @@
-"""PolicyWorker: the trained policy (and its frozen reference), in-process; a Ray shell wraps it per device.
+"""PolicyWorker: the trained policy (and its frozen reference), the policy role of the run, one per rank.
 
-Called by the driver's PPO step (old and reference logprobs, then `train` once per ppo_epoch), by weight sync
-(`named_weights`) and by the checkpointer (`save` / `load`). A colocated generator shares `model`.
-Letters: B samples, S positions.
+Called through `workers/groups.py` by the driver's PPO step (old and reference logprobs, then `train` once per
+ppo_epoch), by weight sync (rank 0 sends: `open_sync`, `push_weights`) and by the checkpointer (`save`,
+`load`); usable in-process as well (tests). Colocated, it also holds the run's GeneratorWorker over its own
+model, so generation calls land here. Letters: B samples, S positions.
 """
 
 import copy
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from asyncppo.algorithms.microbatch import LossNormalizers, loss_normalizers
 from asyncppo.algorithms.policy_loss import policy_loss
 from asyncppo.config.losses import PolicyLossConfig
-from asyncppo.config.models import OptimizerConfig, SchedulerConfig
+from asyncppo.distributed.process_group import SyncGroupSpec, open_sync_group
+from asyncppo.distributed.weight_sync import ParamSpec, PushReport, WeightSender, param_specs, weights_checksum
+from asyncppo.generation.engines import EngineSettings
+from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.models.policy import load_policy, token_logprobs
-from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.types import TrainBatch
+from asyncppo.workers.generator_worker import GeneratorWorker
+from asyncppo.workers.phase_peaks import PhasePeaks
 from asyncppo.workers.scoring import ScoringModel, resolve_dtype
-from asyncppo.workers.trained_model import TrainedModel
-from asyncppo.workers.training import BatchPlan, MicroBatch
+from asyncppo.workers.trained_model import TrainedModelSettings, TrainedWorker
+from asyncppo.workers.training import MicroBatch
+
+if TYPE_CHECKING:  # the HTTP stack (fastapi, uvicorn) is imported only by runs that serve the gym
+    from asyncppo.workers.policy_http import PolicyServerSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyWorkerSettings(TrainedModelSettings):
+    """The policy's own settings on top of the trained-model ones."""
+
+    temperature: float
+    """Sampling temperature: logprobs are scored under it exactly as the generator samples."""
+    logprob_chunk_size: int
+    loss_settings: PolicyLossConfig
+    keep_reference: bool
+    """Keep a frozen copy of the initial weights for reference logprobs (a reference KL term)."""
 
 
 def _policy_normalizers(batch: TrainBatch) -> LossNormalizers:
     return loss_normalizers(batch.token_mask, batch.sample_mask, batch.rewards)
 
 
-class PolicyWorker:
-    """The policy under PPO, its optimizer, and (with `keep_reference`) a frozen copy of its initial weights."""
+class PolicyWorker(TrainedWorker):
+    """The policy under PPO, its optimizer, (with `keep_reference`) a frozen copy of its initial weights, the
+    weight-sync sender (rank 0) and, colocated, the generation engine over the trained model."""
 
     def __init__(
         self,
         model_path: str | Path,
-        *,
-        dtype: torch.dtype | str,
         device: str | torch.device,
-        tokenizer_path: str | Path | None,
-        optimizer: OptimizerConfig,
-        scheduler: SchedulerConfig,
-        scheduler_total_steps: int | None,
-        max_grad_norm: float | None,
-        train_global_batch_size: int | None,
-        train_micro_batch_size: int,
-        max_tokens_per_microbatch: int | None,
-        logprob_batch_size: int | None,
-        temperature: float,
-        logprob_chunk_size: int,
-        loss_settings: PolicyLossConfig,
-        keep_reference: bool,
-        activation_checkpointing: bool,
+        settings: PolicyWorkerSettings,
+        colocated_engine: EngineSettings | None = None,
+        rank: int = 0,
     ) -> None:
-        """Load the policy from `model_path` (a local causal LM directory) onto `device` in `dtype`.
+        """Load the policy from `model_path` (a local causal LM directory) onto `device` in `settings.dtype`.
 
-        logprob_batch_size None = train_micro_batch_size. The reference policy is the weights of `model_path`;
-        a later `load` (resume) changes only the trained policy, so the reference stays the initial policy.
+        The reference policy is the weights of `model_path`; a later `load` (resume) changes only the trained
+        policy, so the reference stays the initial policy.
         """
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self._dtype = resolve_dtype(dtype)
-        self._device = torch.device(device)
-        self._loss_settings = loss_settings
-        self.tokenizer = load_tokenizer(tokenizer_path if tokenizer_path is not None else model_path)
-        policy = load_policy(model_path, self._dtype, self._device)
-        reference = copy.deepcopy(policy).requires_grad_(False) if keep_reference else None
-        forward = functools.partial(token_logprobs, temperature=temperature, chunk_size=logprob_chunk_size)
-        scoring_batch_size = logprob_batch_size if logprob_batch_size is not None else train_micro_batch_size
-        self._trained = TrainedModel(
-            policy,
-            forward,
-            device=self._device,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scheduler_total_steps=scheduler_total_steps,
-            max_grad_norm=max_grad_norm,
-            plan=BatchPlan(train_global_batch_size, train_micro_batch_size, max_tokens_per_microbatch),
-            scoring_batch_size=scoring_batch_size,
-            activation_checkpointing=activation_checkpointing,
+        if settings.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {settings.temperature}")
+        dtype, device = resolve_dtype(settings.dtype), torch.device(device)
+        self._loss_settings = settings.loss_settings
+        policy = load_policy(model_path, dtype, device)
+        reference = copy.deepcopy(policy).requires_grad_(False) if settings.keep_reference else None
+        forward = functools.partial(
+            token_logprobs, temperature=settings.temperature, chunk_size=settings.logprob_chunk_size
         )
+
+        def read_weights(directory: Path) -> dict[str, torch.Tensor]:
+            return load_policy(directory, dtype, "cpu").state_dict()
+
+        super().__init__(policy, forward, read_weights, model_path=model_path, device=device, settings=settings)
         self._reference = None
         if reference is not None:
             self._reference = ScoringModel(
-                reference, forward, device=self._device, scoring_batch_size=scoring_batch_size
+                reference, forward, device=device, scoring_batch_size=settings.scoring_batch_size
             )
+        self.rank = rank
+        self.colocated = GeneratorWorker(self.model, colocated_engine, rank) if colocated_engine is not None else None
+        self._sender: WeightSender | None = None
+        self._memory = PhasePeaks(next(self.model.parameters()).device)
 
-    @property
-    def model(self) -> PreTrainedModel:
-        """The trained Hugging Face causal LM (FSDP2-sharded in a multi-rank group)."""
-        return self._trained.model
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._trained.optimizer
-
-    @property
-    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
-        return self._trained.scheduler
-
+    # -- training (the policy side of the PPO step) --
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """[B, S] fp32 on CPU: the current policy's `token_logprobs` under the sampling temperature, no grad."""
-        return self._trained.scoring.score(batch)
+        return self.scoring.score(batch)
 
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """[B, S] fp32 on CPU under the frozen reference policy; needs keep_reference."""
@@ -114,7 +107,7 @@ class PolicyWorker:
         assert batch.old_logprobs is not None and batch.advantages is not None, "checked in train"
         return policy_loss(
             self._loss_settings,
-            logprobs=self._trained.module(batch.input_ids, batch.attention_mask),
+            logprobs=self.module(batch.input_ids, batch.attention_mask),
             old_logprobs=batch.old_logprobs,
             generation_logprobs=batch.generation_logprobs,
             advantages=batch.advantages,
@@ -132,29 +125,75 @@ class PolicyWorker:
 
         Needs batch.old_logprobs and batch.advantages (and reference_logprobs when the loss has a reference KL).
         Metrics: the `policy_loss` metrics averaged over global batches, plus lr, grad_norm,
-        num_optimizer_steps and num_empty_global_batches (see `training.train_pass`).
+        num_optimizer_steps and num_empty_global_batches (see `training.train_pass`); colocated on CUDA also
+        the `memory/*_peak_gib` of generation and training.
         """
         if batch.old_logprobs is None or batch.advantages is None:
             raise ValueError("PolicyWorker.train needs batch.old_logprobs and batch.advantages")
         if self._loss_settings.uses_reference_kl and batch.reference_logprobs is None:
             raise ValueError("PolicyWorker.train needs batch.reference_logprobs: the loss has a reference KL term")
-        metrics = self._trained.train(batch, self._loss, _policy_normalizers)
-        return {f"policy/{key}": value for key, value in metrics.items()}
+        with self._memory.phase("train"):
+            metrics = self._train_pass(batch, self._loss, _policy_normalizers)
+        result = {f"policy/{key}": value for key, value in metrics.items()}
+        if self.colocated is not None:  # the engine's KV cache and the training state share the GPU
+            result.update(self._memory.report())
+        return result
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) pairs a generator of the same architecture loads by name; see `ScoringModel.named_weights`."""
-        return self._trained.scoring.named_weights()
+        return self.scoring.named_weights()
 
-    def save(self, directory: str | Path) -> Path:
-        """`directory` with the policy (save_pretrained, safetensors), tokenizer, optimizer.pt and scheduler.pt."""
-        return self._trained.save(directory, self.tokenizer)
+    # -- colocated generation --
+    def _engine(self) -> GeneratorWorker:
+        if self.colocated is None:
+            raise RuntimeError("this policy worker has no colocated generator (generation.colocated.enabled=false)")
+        return self.colocated
 
-    def _read_weights(self, directory: Path) -> dict[str, torch.Tensor]:
-        return load_policy(directory, self._dtype, "cpu").state_dict()
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        engine = self._engine()
+        with self._memory.phase("generation"):
+            return engine.generate(requests)
 
-    def load(self, directory: str | Path, load_optimizer: bool = True) -> None:
-        """Weights (and, with load_optimizer, optimizer and scheduler states) from a `save` directory.
+    def serve_http(self, settings: "PolicyServerSettings") -> str:
+        """Serve the colocated generator to gym agents; returns the OpenAI base URL (`http://host:port/v1`)."""
+        return self._engine().serve_http(settings)
 
-        Without load_optimizer the optimizer and schedule start fresh. The reference policy is not touched.
-        """
-        self._trained.load(directory, self._read_weights, load_optimizer)
+    def policy_version(self) -> int:
+        return self._engine().policy_version()
+
+    def set_policy_version(self, version: int) -> None:
+        if self.colocated is not None:
+            self.colocated.set_policy_version(version)
+
+    def reseed(self, seed: int) -> None:
+        if self.colocated is not None:
+            self.colocated.reseed(seed)
+
+    def engine_counters(self) -> dict[str, float]:
+        """The colocated engine's cumulative prefix-reuse counters ({} for hf or without a generator)."""
+        return self.colocated.engine_counters() if self.colocated is not None else {}
+
+    # -- weight sync, sender side --
+    def param_specs(self) -> list[ParamSpec]:
+        return param_specs(self.named_weights())
+
+    def open_sync(self, spec: SyncGroupSpec, bucket_size_bytes: int) -> None:
+        device = next(self.model.parameters()).device if spec.backend == "nccl" else torch.device("cpu")
+        self._sender = WeightSender(open_sync_group(spec, rank=0, device=device), self.param_specs(), bucket_size_bytes)
+
+    def push_weights(self, version: int, compute_checksum: bool) -> PushReport:
+        if self._sender is None:
+            raise RuntimeError("push_weights before open_sync")
+        return self._sender.push(self.named_weights(), version, compute_checksum=compute_checksum)
+
+    def weights_checksum(self) -> str:
+        """Checksum of the weights as pushed (names and dtypes of `param_specs`)."""
+        return weights_checksum(self.named_weights())
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the weights as pushed (for inspection and tests; not a hot path)."""
+        return {name: tensor.detach().cpu().clone() for name, tensor in self.named_weights()}
+
+    def close(self) -> None:
+        if self.colocated is not None:
+            self.colocated.close()

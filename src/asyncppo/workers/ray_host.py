@@ -1,11 +1,14 @@
 """Thin Ray shells: a local cluster bound to 127.0.0.1, one generic actor that hosts a plain worker object,
-and worker groups that fan a call out to every rank and gather the results.
+and typed worker groups that fan a call out to every rank and gather the results.
 
-    driver --WorkerGroup.call("train", batch)--> WorkerHost(rank 0) --> PolicyWorker.train(batch)
-                                             +--> WorkerHost(rank 1) --> PolicyWorker.train(batch)
+    driver --WorkerGroup.call_all(PolicyWorker.train, batch)--> WorkerHost(rank 0) --> PolicyWorker.train(batch)
+                                                           +--> WorkerHost(rank 1) --> PolicyWorker.train(batch)
 
-Every worker class stays a plain class (usable in-process, in tests); this module is the only place that
-knows they run in Ray actors. Calls wait with a timeout and re-raise the worker's own error.
+A call names its method by the worker class's own function, so the type checker checks its arguments and
+result; the host runs the method of that name on its worker (an override in a subclass wins). Only the facade
+(`workers/groups.py`) and weight-sync wiring call into groups. Every worker class stays a plain class (usable
+in-process, in tests); this module is the only place that knows they run in Ray actors. Calls wait with a
+timeout and re-raise the worker's own error.
 """
 
 import os
@@ -18,13 +21,16 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 LOCAL_HOST = "127.0.0.1"
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
+Worker = TypeVar("Worker", covariant=True)
+Params = ParamSpec("Params")
+Result = TypeVar("Result")
 
 
 class WorkerCallError(RuntimeError):
@@ -61,6 +67,7 @@ class WorkerHost:
         self._target = factory()
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run the worker's method `method` (a name taken from a typed `WorkerGroup` call)."""
         return getattr(self._target, method)(*args, **kwargs)
 
     def ready(self) -> bool:
@@ -88,8 +95,22 @@ def start_host(factory: Callable[[], Any], options: HostOptions, name: str) -> A
     ).remote(factory, options.torch_threads)
 
 
-class WorkerGroup:
-    """Ranks of one kind of worker (policy, value, generator) behind one call interface."""
+@dataclass(frozen=True)
+class PendingCall(Generic[Result]):
+    """A call started on one rank: wait for its result with `WorkerGroup.gather`."""
+
+    ref: Any
+    """The Ray ObjectRef of the result."""
+    rank: int
+    method: str
+
+
+class WorkerGroup(Generic[Worker]):
+    """The ranks of one role (policy, value, generator): hosts of `Worker` objects behind typed calls.
+
+    `method` arguments are functions of the worker class (`PolicyWorker.train`), so the arguments after it and
+    the result are checked against that method's signature.
+    """
 
     def __init__(self, name: str, hosts: Sequence[Any], timeout_s: float):
         self.name = name
@@ -98,53 +119,67 @@ class WorkerGroup:
 
     @classmethod
     def start(
-        cls, name: str, factories: Sequence[Callable[[], Any]], options: HostOptions, timeout_s: float
-    ) -> "WorkerGroup":
+        cls, name: str, factories: Sequence[Callable[[], Worker]], options: HostOptions, timeout_s: float
+    ) -> "WorkerGroup[Worker]":
         """Start one host per factory and wait until every one has built its worker."""
         group = cls(
             name, [start_host(factory, options, f"{name}-{rank}") for rank, factory in enumerate(factories)], timeout_s
         )
-        group.gather([host.ready.remote() for host in group.hosts], "ready")
+        group.gather([PendingCall(host.ready.remote(), rank, "ready") for rank, host in enumerate(group.hosts)])
         return group
 
     def __len__(self) -> int:
         return len(self.hosts)
 
-    def submit(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Start `method` on one rank; returns the ObjectRef (wait on it with `gather`)."""
-        return self.hosts[rank].call.remote(method, *args, **kwargs)
+    def submit(
+        self,
+        rank: int,
+        method: Callable[Concatenate[Worker, Params], Result],
+        *args: Params.args,
+        **kwargs: Params.kwargs,
+    ) -> PendingCall[Result]:
+        """Start `method` on one rank; wait for it with `gather`."""
+        name = method.__name__
+        return PendingCall(self.hosts[rank].call.remote(name, *args, **kwargs), rank, name)
 
-    def submit_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def submit_all(
+        self, method: Callable[Concatenate[Worker, Params], Result], *args: Params.args, **kwargs: Params.kwargs
+    ) -> list[PendingCall[Result]]:
         """Start `method` with the same arguments on every rank."""
         return [self.submit(rank, method, *args, **kwargs) for rank in range(len(self.hosts))]
 
-    def gather(
-        self, refs: Sequence[Any], method: str, timeout_s: float | None = None, ranks: Sequence[int] | None = None
-    ) -> list[Any]:
-        """Wait for refs (of `ranks`, default 0..n-1); a failure or timeout names the group, rank and method."""
+    def gather(self, calls: Sequence[PendingCall[Result]], timeout_s: float | None = None) -> list[Result]:
+        """Wait for `calls` in order; a failure or timeout names the group, rank and method."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        results = []
-        for rank, ref in zip(range(len(refs)) if ranks is None else ranks, refs, strict=True):
+        results: list[Result] = []
+        for call in calls:
+            where = f"{self.name}[{call.rank}].{call.method}"
             try:
-                results.append(ray.get(ref, timeout=timeout))
+                results.append(ray.get(call.ref, timeout=timeout))
             except GetTimeoutError:
-                raise WorkerCallError(f"{self.name}[{rank}].{method} did not finish within {timeout:.0f} s") from None
+                raise WorkerCallError(f"{where} did not finish within {timeout:.0f} s") from None
             except RayTaskError as error:
                 cause = error.cause if isinstance(error.cause, BaseException) else error
-                raise WorkerCallError(
-                    f"{self.name}[{rank}].{method} failed: {type(cause).__name__}: {cause}"
-                ) from error
+                raise WorkerCallError(f"{where} failed: {type(cause).__name__}: {cause}") from error
             except RayActorError as error:
-                raise WorkerCallError(f"{self.name}[{rank}].{method}: the worker process died ({error})") from error
+                raise WorkerCallError(f"{where}: the worker process died ({error})") from error
         return results
 
-    def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def call_all(
+        self, method: Callable[Concatenate[Worker, Params], Result], *args: Params.args, **kwargs: Params.kwargs
+    ) -> list[Result]:
         """Run `method` on every rank and return the results in rank order."""
-        return self.gather(self.submit_all(method, *args, **kwargs), method)
+        return self.gather(self.submit_all(method, *args, **kwargs))
 
-    def call(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
+    def call(
+        self,
+        rank: int,
+        method: Callable[Concatenate[Worker, Params], Result],
+        *args: Params.args,
+        **kwargs: Params.kwargs,
+    ) -> Result:
         """Run `method` on one rank."""
-        return self.gather([self.submit(rank, method, *args, **kwargs)], method, ranks=[rank])[0]
+        return self.gather([self.submit(rank, method, *args, **kwargs)])[0]
 
     def kill(self) -> None:
         """End every host process of the group."""

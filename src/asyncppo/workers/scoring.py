@@ -1,6 +1,6 @@
 """A model behind one per-token forward (logprobs or values), sharded with FSDP2 in a group, scored without grad.
 
-`TrainedModel` builds on it for the policy and the critic; the policy worker's frozen reference policy is one
+`TrainedWorker` builds on it for the policy and the critic; the policy worker's frozen reference policy is one
 on its own. Letters: B samples, S positions.
 """
 

@@ -1,12 +1,13 @@
 """A model under training: its scoring forward, AdamW, LR schedule, batch plan, and optimizer checkpoints.
 
-The policy and value workers each own one and differ only in the forward, the loss and the weight format.
-Checkpoint layout of a directory: the model's `save_pretrained` files, its tokenizer, `optimizer.pt` (keyed
-by parameter name, so it loads into any number of ranks) and `scheduler.pt`, all loadable with
-`torch.load(weights_only=True)`.
+The policy and value workers are both a `TrainedWorker` (built from `TrainedModelSettings`) and differ only
+in the forward, the loss and the weight format. Checkpoint layout of a directory: the model's `save_pretrained`
+files, its tokenizer, `optimizer.pt` (keyed by parameter name, so it loads into any number of ranks) and
+`scheduler.pt`, all loadable with `torch.load(weights_only=True)`.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,10 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
 from asyncppo.config.models import OptimizerConfig, SchedulerConfig
+from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import broadcast_from_rank0
 from asyncppo.workers.optim import build_optimizer, build_scheduler
@@ -29,42 +31,75 @@ from asyncppo.workers.training import BatchPlan, LossFunction, Normalize, evalua
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 
+ReadWeights = Callable[[Path], dict[str, Any]]
+"""Reads a saved directory's weights as a CPU state dict (the worker's own weight format)."""
 
-class TrainedModel:
-    """`scoring` (model, forward, sharding) plus the optimizer state that `train` advances."""
+
+@dataclass(frozen=True, kw_only=True)
+class TrainedModelSettings:
+    """How a trained model (policy or critic) is loaded, optimized and cut into batches."""
+
+    dtype: torch.dtype | str
+    tokenizer_path: str | Path | None
+    """None = the model's own directory."""
+    optimizer: OptimizerConfig
+    scheduler: SchedulerConfig
+    scheduler_total_steps: int | None
+    max_grad_norm: float | None
+    train_global_batch_size: int | None
+    train_micro_batch_size: int
+    max_tokens_per_microbatch: int | None
+    logprob_batch_size: int | None
+    """Rows per no-grad scoring forward; None = train_micro_batch_size."""
+    activation_checkpointing: bool
+
+    @property
+    def plan(self) -> BatchPlan:
+        return BatchPlan(self.train_global_batch_size, self.train_micro_batch_size, self.max_tokens_per_microbatch)
+
+    @property
+    def scoring_batch_size(self) -> int:
+        return self.logprob_batch_size if self.logprob_batch_size is not None else self.train_micro_batch_size
+
+
+class TrainedWorker:
+    """What the policy and value workers share: `scoring` (model, forward, sharding), the optimizer state that
+    their passes advance, the tokenizer, and the checkpoint files.
+
+    A subclass loads its model and passes the forward and the reader of its weight format; its own `train`
+    runs `_train_pass` with its loss.
+    """
 
     def __init__(
         self,
         model: PreTrainedModel,
         forward: TokenForward,
+        read_weights: ReadWeights,
         *,
+        model_path: str | Path,
         device: torch.device,
-        optimizer: OptimizerConfig,
-        scheduler: SchedulerConfig,
-        scheduler_total_steps: int | None,
-        max_grad_norm: float | None,
-        plan: BatchPlan,
-        scoring_batch_size: int,
-        activation_checkpointing: bool,
+        settings: TrainedModelSettings,
     ) -> None:
+        tokenizer_path = settings.tokenizer_path
+        self.tokenizer = load_tokenizer(tokenizer_path if tokenizer_path is not None else model_path)
+        self._read_weights = read_weights
+        max_grad_norm = settings.max_grad_norm
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
-        if activation_checkpointing:
+        if settings.activation_checkpointing:
             # Non-reentrant checkpointing works with FSDP2 and with inputs that do not require grad.
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.scoring = ScoringModel(model, forward, device=device, scoring_batch_size=scoring_batch_size)
-        self.optimizer_settings = optimizer
-        self.scheduler_settings = scheduler
-        self.scheduler_total_steps = scheduler_total_steps
-        self.max_grad_norm = max_grad_norm
-        self.plan = plan
+        self.scoring = ScoringModel(model, forward, device=device, scoring_batch_size=settings.scoring_batch_size)
+        self.settings = settings
+        self.plan = settings.plan
         self.reset_optimizer()
 
     @property
     def model(self) -> PreTrainedModel:
+        """The trained Hugging Face model (FSDP2-sharded in a multi-rank group)."""
         return self.scoring.model
 
     @property
@@ -74,10 +109,11 @@ class TrainedModel:
 
     def reset_optimizer(self) -> None:
         """A fresh AdamW (no moments, step 0) and a schedule back at its first step."""
-        self.optimizer = build_optimizer(self.scoring.module.parameters(), self.optimizer_settings)
-        self.scheduler = build_scheduler(self.optimizer, self.scheduler_settings, self.scheduler_total_steps)
+        settings = self.settings
+        self.optimizer = build_optimizer(self.scoring.module.parameters(), settings.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, settings.scheduler, settings.scheduler_total_steps)
 
-    def train(self, batch: TrainBatch, loss_fn: LossFunction, normalize: Normalize) -> dict[str, float]:
+    def _train_pass(self, batch: TrainBatch, loss_fn: LossFunction, normalize: Normalize) -> dict[str, float]:
         """One `training.train_pass` in train mode; the model is back in eval mode afterwards."""
         self.scoring.module.train()
         try:
@@ -88,14 +124,14 @@ class TrainedModel:
                 plan=self.plan,
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
-                max_grad_norm=self.max_grad_norm,
+                max_grad_norm=self.settings.max_grad_norm,
                 device=self.scoring.device,
                 group=self.scoring.group,
             )
         finally:
             self.scoring.module.eval()
 
-    def evaluate(self, batch: TrainBatch, loss_fn: LossFunction, normalize: Normalize) -> dict[str, float]:
+    def _evaluate_pass(self, batch: TrainBatch, loss_fn: LossFunction, normalize: Normalize) -> dict[str, float]:
         """`training.evaluate_pass` in eval mode (no gradient, no step)."""
         self.scoring.module.eval()
         return evaluate_pass(
@@ -105,7 +141,7 @@ class TrainedModel:
     def _is_writer(self) -> bool:
         return self.scoring.group is None or self.scoring.group.rank == 0
 
-    def save(self, directory: str | Path, tokenizer: PreTrainedTokenizerBase) -> Path:
+    def save(self, directory: str | Path) -> Path:
         """Write weights (safetensors via save_pretrained), tokenizer, optimizer and scheduler into `directory`.
 
         In a group every rank must call (the full state is gathered); rank 0 writes.
@@ -118,15 +154,15 @@ class TrainedModel:
         if self._is_writer():
             directory.mkdir(parents=True, exist_ok=True)
             self.model.save_pretrained(directory, state_dict=state)
-            tokenizer.save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)
             torch.save(optimizer_state, directory / OPTIMIZER_FILE)
             torch.save(self.scheduler.state_dict(), directory / SCHEDULER_FILE)
         if group is not None:
             dist.barrier()  # no rank reads the directory before it is complete
         return directory
 
-    def load(self, directory: str | Path, read_weights: Callable[[Path], dict[str, Any]], load_optimizer: bool) -> None:
-        """Weights from `directory` (as `read_weights` reads them); then the optimizer and scheduler states from
+    def load(self, directory: str | Path, load_optimizer: bool = True) -> None:
+        """Weights from `directory` (in the subclass's weight format); then the optimizer and scheduler states from
         its files, or, without `load_optimizer`, a fresh optimizer and schedule (never stale moments from
         other weights). Every rank of a group must call; only rank 0 reads files.
         """
@@ -138,7 +174,7 @@ class TrainedModel:
             # Every rank raises together; one rank raising alone would leave the others waiting in a collective.
             if missing := broadcast_from_rank0(missing, group):
                 raise ValueError(f"{str(directory)!r} lacks {missing}; load it with load_optimizer=False")
-        self.scoring.load_weights(read_weights, directory)
+        self.scoring.load_weights(self._read_weights, directory)
         self.reset_optimizer()
         if not load_optimizer:
             return
