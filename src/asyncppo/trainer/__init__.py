@@ -22,14 +22,15 @@ Lifecycle of a run (module in brackets):
   start                      restore the newest complete checkpoint (weights, optimizers, batch source, RNG),
                              or warm-start the critic on a fresh run; publish the policy as version = step;
                              validate at step 0 (`ppo.val_at_start`) [run, loop]
-  each step                  seed generation -> next batch from the source -> privileged-critic prefixes ->
-                             PPO step (values, logprobs, reference logprobs, advantages, critic then policy
-                             updates) -> weight update, the source drained or paused around it -> validation,
-                             plots, rollout dumps on schedule -> metrics -> async books every `log_every` ->
-                             checkpoint on schedule [loop, ppo_step]
+  each step                  reseed generation (sync) -> next batch from the source -> privileged-critic
+                             prefixes -> PPO step (values, logprobs, reference logprobs, advantages, critic
+                             then policy updates) -> weight update inside the source's weight-update context
+                             (async: rollouts drained or paused) -> validation, plots, rollout dumps on
+                             schedule -> metrics -> the books every `log_every` -> checkpoint on schedule
+                             [loop, ppo_step]
   checkpoint step_N/         `policy/` (once it has trained) and `value/`: weights, optimizer, scheduler; the
                              batch source state (data position; async: buffer and collector); `accounting.json`
-                             (async books); RNG state; run state (step, epoch, prompts consumed, the critic's
+                             (where every prompt drawn is: trained, dropped by reason, buffered, pending); RNG state; run state (step, epoch, prompts consumed, the critic's
                              warm-start source); `config.yaml` [run]
   end                        close the batch source, the sinks and the gym servers, then end every worker
                              process [run]
