@@ -30,8 +30,9 @@ Lifecycle of a run (module in brackets):
                              [loop, ppo_step]
   checkpoint step_N/         `policy/` (once it has trained) and `value/`: weights, optimizer, scheduler; the
                              batch source state (data position; async: buffer and collector); `accounting.json`
-                             (where every prompt drawn is: trained, dropped by reason, buffered, pending); RNG state; run state (step, epoch, prompts consumed, the critic's
-                             warm-start source); `config.yaml` [run]
+                             (where every prompt drawn is: trained, dropped by reason, buffered, pending); RNG
+                             state; run state (step, epoch, prompts consumed, the critic's warm-start source);
+                             `config.yaml` [run]
   end                        close the batch source, the sinks and the gym servers, then end every worker
                              process [run]
 """
