@@ -10,8 +10,6 @@ import torch
 from asyncppo.algorithms.privilege import (
     OMISSION_MARKER,
     TRUNCATION_MARKER,
-    PrivilegedField,
-    PrivilegeSettings,
     field_text,
     fit_to_budget,
     prepend_prefixes,
@@ -20,6 +18,7 @@ from asyncppo.algorithms.privilege import (
     remap_between_masks,
     render_reference_block,
 )
+from asyncppo.config.models import PrivilegedCriticConfig, PrivilegedFieldConfig
 
 MARKER = len(TRUNCATION_MARKER)
 
@@ -32,12 +31,13 @@ def cut_chars(text: str, n: int) -> str:
     return text[:n]
 
 
-def field(name: str, max_tokens: int | None = None) -> PrivilegedField:
-    return PrivilegedField(name=name, title=name, max_tokens=max_tokens)
+def field(name: str, max_tokens: int | None = None) -> PrivilegedFieldConfig:
+    return PrivilegedFieldConfig(name=name, title=name, max_tokens=max_tokens)
 
 
-def render(task: dict[str, object], fields: list[PrivilegedField], budget: int):
-    return render_reference_block(task, PrivilegeSettings(tuple(fields), budget), count_chars, cut_chars)
+def render(task: dict[str, object], fields: list[PrivilegedFieldConfig], budget: int):
+    settings = PrivilegedCriticConfig(enabled=True, fields=fields, max_total_tokens=budget)
+    return render_reference_block(task, settings, count_chars, cut_chars)
 
 
 def test_marker_length_the_budget_tests_assume():

@@ -3,17 +3,18 @@
 import pytest
 import torch
 
-from asyncppo.algorithms.advantages import AdvantageSettings, compute_advantages, estimator_needs_critic
+from asyncppo.algorithms.advantages import compute_advantages
 from asyncppo.algorithms.raw_reward import raw_reward_advantages
+from asyncppo.config.ppo import AdvEstimatorConfig
 
 MASK = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 0.0])
 GROUPS = torch.tensor([0, 0, 0, 0])
 
 
-def _settings(**overrides: object) -> AdvantageSettings:
+def _settings(**overrides: object) -> AdvEstimatorConfig:
     fields: dict[str, object] = {"name": "raw_reward", "normalize_advantages": False, **overrides}
-    return AdvantageSettings(**fields)  # type: ignore[arg-type]
+    return AdvEstimatorConfig(**fields)  # type: ignore[arg-type]
 
 
 def test_raw_reward_broadcasts_over_the_response_and_has_no_returns() -> None:
@@ -57,20 +58,12 @@ def test_groups_are_normalised_separately_and_singletons_get_zero() -> None:
 
 
 def test_invalid_raw_reward_options_raise() -> None:
-    with pytest.raises(ValueError, match="needs a baseline"):
-        raw_reward_advantages(REWARDS, MASK, GROUPS, "none", True, 1e-6)
-    with pytest.raises(ValueError, match="is not one of"):
-        raw_reward_advantages(REWARDS, MASK, GROUPS, "median", False, 1e-6)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs group_ids"):
         raw_reward_advantages(REWARDS, MASK, None, "mean", False, 1e-6)
 
 
 def test_raw_reward_runs_without_a_critic() -> None:
-    assert estimator_needs_critic("raw_reward") is False
-    assert estimator_needs_critic("gae") is True
-    assert estimator_needs_critic("turn_gae") is True
-    with pytest.raises(ValueError, match="only 'gae', 'turn_gae' or 'raw_reward'"):
-        estimator_needs_critic("vtrace")
+    assert _settings().uses_critic is False
     with pytest.raises(ValueError, match="pass values=None"):
         compute_advantages(
             _settings(),
@@ -80,11 +73,6 @@ def test_raw_reward_runs_without_a_critic() -> None:
             sample_mask=torch.ones(4),
             group_ids=GROUPS,
         )
-
-
-def test_raw_reward_with_residual_baseline_raises() -> None:
-    with pytest.raises(ValueError, match="residual_baseline must be false"):
-        _settings(residual_baseline=True)
 
 
 def test_raw_reward_whitening_uses_the_advantage_mask() -> None:

@@ -42,6 +42,12 @@ READ_THROUGH_PROPERTIES: dict[str, tuple[str, ...]] = {
         "PrivilegedCriticConfig.reserved_tokens",
         "ValueModelConfig.critic_max_tokens_per_microbatch",
     ),
+    # The advantage code reads the estimator's discount, the KL-in-reward switch and the field tags through the
+    # sections' derived values.
+    "ppo.adv_estimator.gae_gamma": ("AdvEstimatorConfig.gamma",),
+    "ppo.adv_estimator.turn_gae_gamma": ("AdvEstimatorConfig.gamma",),
+    "loss_fn.use_kl_in_reward": ("PolicyLossConfig.uses_kl_in_reward",),
+    "value.privileged_critic.fields.*.title": ("PrivilegedFieldConfig.resolved_title",),
 }
 # Keys accepted only at their default, so configs written for NeMo-RL port unchanged: key -> a value the rules
 # reject, naming the key (nothing else reads them, by design).

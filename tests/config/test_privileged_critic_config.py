@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 
-from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
 from asyncppo.config import ConfigError, validate_tree
 from asyncppo.trainer import builders
 
@@ -24,20 +23,24 @@ def _privileged(tree, **section):
 def test_off_by_default_with_no_settings_and_no_raised_budget(tree):
     config = validate_tree(tree)
     assert config.value is not None and not config.value.privileged_critic.enabled
-    assert builders.privilege_settings(config) is None and not builders.step_settings(config).privileged_critic
+    assert builders.enabled_privileged_critic(config) is None and not builders.step_settings(config).privileged_critic
     assert config.value.critic_max_total_sequence_length == config.value.max_total_sequence_length
 
 
-def test_fields_become_plain_settings_in_priority_order(tree):
+def test_the_enabled_section_reaches_the_critic_with_fields_in_priority_order(tree):
     _privileged(
         tree,
         fields=[{"name": "meta.gold", "title": "gold", "max_tokens": 64}, {"name": "answer"}],
         max_total_tokens=100,
     )
     config = validate_tree(tree)
-    assert builders.privilege_settings(config) == PrivilegeSettings(
-        (PrivilegedField("meta.gold", "gold", 64), PrivilegedField("answer", "answer", None)), max_total_tokens=100
-    )
+    section = builders.enabled_privileged_critic(config)
+    assert config.value is not None and section is config.value.privileged_critic
+    assert [(field.name, field.resolved_title, field.max_tokens) for field in section.fields] == [
+        ("meta.gold", "gold", 64),
+        ("answer", "answer", None),
+    ]
+    assert section.max_total_tokens == 100
     assert builders.step_settings(config).privileged_critic
 
 

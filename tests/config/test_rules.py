@@ -37,6 +37,8 @@ def test_critic_epochs_may_not_be_fewer_than_policy_epochs(tree):
 def test_residual_baseline_needs_gamma_one(tree):
     tree["ppo"]["adv_estimator"].update(residual_baseline=True, gae_gamma=0.99)
     assert _rejected(tree).startswith("ppo.adv_estimator.gae_gamma: must be 1 when residual_baseline is true")
+    tree["ppo"]["adv_estimator"]["gae_gamma"] = 1.0 - 1e-9  # within the tolerance of 1e-8
+    assert validate_tree(tree).ppo.adv_estimator.residual_baseline
 
 
 def test_residual_turn_gae_needs_turn_gamma_one(tree):
@@ -72,6 +74,40 @@ def test_homogeneous_group_weight_may_not_be_negative(tree):
 def test_raw_reward_forbids_the_residual_baseline(tree):
     tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True, "residual_baseline": True}
     assert _rejected(tree).startswith("ppo.adv_estimator.residual_baseline: must be false or absent")
+
+
+def test_raw_reward_std_normalisation_needs_a_baseline(tree):
+    tree["ppo"]["adv_estimator"] = {
+        "name": "raw_reward",
+        "normalize_advantages": False,
+        "raw_reward_normalize_std": True,
+    }
+    assert _rejected(tree).startswith(
+        "ppo.adv_estimator.raw_reward_normalize_std: true needs raw_reward_baseline 'mean' or 'leave_one_out' "
+        "(got 'none')"
+    )
+    tree["ppo"]["adv_estimator"]["raw_reward_baseline"] = "mean"
+    del tree["value"]
+    assert validate_tree(tree).ppo.adv_estimator.raw_reward_normalize_std
+
+
+def test_reward_scaling_needs_a_source_range(tree):
+    tree["ppo"]["reward_scaling"] = {"enabled": True, "source_min": 1.0, "source_max": 1.0}
+    assert _rejected(tree) == "ppo.reward_scaling.source_max: 1.0 must be greater than source_min=1.0"
+
+
+def test_overlong_shaping_needs_its_lengths_unless_stop_properly(tree):
+    tree["ppo"]["reward_shaping"] = {"enabled": True, "max_response_length": 10}
+    assert _rejected(tree) == (
+        "ppo.reward_shaping.overlong_buffer_length: required when enabled=true and stop_properly_penalty_coef is null"
+    )
+    tree["ppo"]["reward_shaping"] = {"enabled": True, "stop_properly_penalty_coef": 0.5}
+    validate_tree(tree)
+
+
+def test_reference_kl_coefficient_may_not_be_negative(tree):
+    tree["loss_fn"] = {"reference_policy_kl_penalty": -0.1}
+    assert _rejected(tree).startswith("loss_fn.reference_policy_kl_penalty: Input should be greater than or equal to 0")
 
 
 def test_raw_reward_needs_no_critic(tree):

@@ -11,7 +11,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel
 
 from asyncppo.generation.decoder_weights import UnsupportedModelError
-from asyncppo.generation.engines import EngineSettings, build_engine
+from asyncppo.generation.engines import EngineSettings, build_engine, graph_engine_settings
 from asyncppo.generation.graph_engine import GraphEngine, GraphEngineSettings
 from asyncppo.generation.graph_generator import GraphGenerator
 from asyncppo.generation.hf_generator import HFGenerator
@@ -262,6 +262,31 @@ def test_unsupported_families_and_a_too_small_cache_are_refused_with_the_way_out
     hf = build_engine(gpt2, EngineSettings(4, 64, 0, (1,), 0, backend="auto"))  # auto on CPU: hf, no complaint
     assert isinstance(hf, HFGenerator)
     hf.close()
+
+
+def test_graph_settings_take_every_shared_engine_setting_and_the_rank_seed() -> None:
+    engine = EngineSettings(
+        max_batch_size=3,
+        max_context_length=96,
+        seed=7,
+        eos_token_ids=(1, 2),
+        pad_token_id=0,
+        backend="graph",
+        gpu_memory_utilization=0.3,
+        kv_cache_tokens=512,
+        prefix_cache=False,
+        recompute_kv_after_weight_update=True,
+    )
+    assert graph_engine_settings(engine, seed=1007) == GraphEngineSettings(
+        max_batch_size=3,
+        max_context_length=96,
+        eos_token_ids=(1, 2),
+        seed=1007,
+        kv_cache_tokens=512,
+        gpu_memory_utilization=0.3,
+        prefix_cache=False,
+        recompute_kv_after_weight_update=True,
+    )
 
 
 def test_a_kv_cache_smaller_than_the_batch_is_refused_naming_the_keys(policy: PreTrainedModel) -> None:

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import GymConfig, SamplingProfile
+from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig, SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.gym.client import AgentConnectionError
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.gym.runner import GymClientSettings, GymRolloutRunner
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.tiny import EOS_TOKEN_ID
-from asyncppo.rollout.penalties import PenaltySettings
 
 
 class Answers:
@@ -53,7 +52,7 @@ def gym(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple[BuiltinGym, Answer
 
 
 def make_runner(
-    head_url: str, version: list[int], penalties: PenaltySettings | None = None, results_log: Path | None = None
+    head_url: str, version: list[int], penalties: RewardPenaltiesConfig | None = None, results_log: Path | None = None
 ) -> GymRolloutRunner:
     settings = GymClientSettings(
         agent_urls=None,
@@ -65,7 +64,7 @@ def make_runner(
     )
     return GymRolloutRunner(
         settings,
-        penalties=penalties or PenaltySettings(),
+        penalties=penalties or RewardPenaltiesConfig(),
         decode=decode,
         policy_version=lambda: version[0],
         results_log=results_log,
@@ -136,7 +135,7 @@ def test_an_unreachable_agent_is_a_failed_group_not_an_exception(gym):
 def test_penalties_zero_rewards_and_every_raw_result_is_logged(gym, tokenizer, tmp_path):
     builtin, answers = gym
     unwanted = answers.tokens[0]  # the first generated token of every answer
-    penalties = PenaltySettings(unwanted_tokens=True, unwanted_token_ids=frozenset({unwanted}))
+    penalties = RewardPenaltiesConfig(penalize_unwanted_tokens=True, token_ids_unwanted=[unwanted])
     runner = make_runner(builtin.head_url, [0], penalties=penalties, results_log=tmp_path / "results.jsonl")
     try:
         (group,) = runner.run_groups([row("12")], [4], 2, False)

@@ -7,23 +7,24 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerBase
 
+from asyncppo.config.runtime import RewardPenaltiesConfig
 from asyncppo.models.chat_template import IM_END
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.rollout.penalties import (
     MIN_REPEATED_WORDS,
-    PenaltySettings,
     apply_reward_penalties,
+    enabled_penalties,
     has_repeated_words,
     split_think,
 )
 from asyncppo.types import MessageSpan, Role, Trajectory
 
-ALL_ON = PenaltySettings(
-    duplicated_reasoning=True,
-    empty_final_answer=True,
-    unwanted_tokens=True,
-    malformed_think_tag=True,
-    unwanted_token_ids=frozenset({999}),  # outside the tiny vocabulary: never generated unless a test puts it in
+ALL_ON = RewardPenaltiesConfig(
+    penalize_duplicated_reasoning=True,
+    penalize_empty_final_answer=True,
+    penalize_unwanted_tokens=True,
+    penalize_malformed_think_tag=True,
+    token_ids_unwanted=[999],  # outside the tiny vocabulary: never generated unless a test puts it in
 )
 # 25 distinct words: one copy is no repetition, two copies repeat 25 >= MIN_REPEATED_WORDS words.
 PARAGRAPH = " ".join(f"step{index}" for index in range(25)) + "."
@@ -112,8 +113,8 @@ def test_unwanted_tokens_hit_only_generated_tokens(build, decode) -> None:
     trajectory = build(["57"])
     prompt_token, generated_token = trajectory.token_ids[0], trajectory.token_ids[-2]
     assert trajectory.loss_mask[0] == 0 and trajectory.loss_mask[-2] == 1
-    in_prompt = PenaltySettings(unwanted_tokens=True, unwanted_token_ids=frozenset({prompt_token}))
-    generated = PenaltySettings(unwanted_tokens=True, unwanted_token_ids=frozenset({generated_token}))
+    in_prompt = RewardPenaltiesConfig(penalize_unwanted_tokens=True, token_ids_unwanted=[prompt_token])
+    generated = RewardPenaltiesConfig(penalize_unwanted_tokens=True, token_ids_unwanted=[generated_token])
     assert apply_reward_penalties([trajectory], in_prompt, decode)[1] == {"unwanted_tokens": 0}
     [penalized], counts = apply_reward_penalties([trajectory], generated, decode)
     assert counts == {"unwanted_tokens": 1} and penalized.reward == 0.0
@@ -130,7 +131,7 @@ def test_unwanted_tokens_hit_only_generated_tokens(build, decode) -> None:
     ],
 )
 def test_malformed_think_tag_checks_every_turn(build, decode, turns: list[str], hit: bool) -> None:
-    settings = PenaltySettings(malformed_think_tag=True)
+    settings = RewardPenaltiesConfig(penalize_malformed_think_tag=True)
     [penalized], counts = apply_reward_penalties([build(turns)], settings, decode)
     assert counts == {"malformed_think_tag": int(hit)} and penalized.reward == (0.0 if hit else 1.0)
 
@@ -148,7 +149,7 @@ def test_malformed_think_tag_checks_every_turn(build, decode, turns: list[str], 
     ],
 )
 def test_empty_final_answer_reads_the_last_turn_outside_its_think_block(build, decode, turns, hit) -> None:
-    settings = PenaltySettings(empty_final_answer=True)
+    settings = RewardPenaltiesConfig(penalize_empty_final_answer=True)
     [penalized], counts = apply_reward_penalties([build(turns)], settings, decode)
     assert counts == {"empty_final_answer": int(hit)} and penalized.reward == (0.0 if hit else 1.0)
 
@@ -165,7 +166,7 @@ def test_empty_final_answer_reads_the_last_turn_outside_its_think_block(build, d
     ],
 )
 def test_duplicated_reasoning_looks_for_long_repeats_in_the_thoughts(build, decode, turns, hit) -> None:
-    settings = PenaltySettings(duplicated_reasoning=True)
+    settings = RewardPenaltiesConfig(penalize_duplicated_reasoning=True)
     [penalized], counts = apply_reward_penalties([build(turns)], settings, decode)
     assert counts == {"duplicated_reasoning": int(hit)} and penalized.reward == (0.0 if hit else 1.0)
 
@@ -194,22 +195,24 @@ def test_several_penalties_count_each_hit_and_zero_components(build, decode) -> 
 
 def test_disabled_penalties_are_not_counted_or_applied(build, decode) -> None:
     empty = build(["<think>only thinking</think>"])
-    settings = PenaltySettings(malformed_think_tag=True)
+    settings = RewardPenaltiesConfig(penalize_malformed_think_tag=True)
     [penalized], counts = apply_reward_penalties([empty], settings, decode)
     assert counts == {"malformed_think_tag": 0} and penalized.reward == 1.0  # well formed; the empty answer is off
 
     def never(token_ids: Sequence[int]) -> str:
         raise AssertionError("nothing to decode when no penalty is on")
 
-    assert apply_reward_penalties([empty], PenaltySettings(), never) == ([empty], {})
-    unwanted_only = PenaltySettings(unwanted_tokens=True, unwanted_token_ids=frozenset({999}))
+    assert apply_reward_penalties([empty], RewardPenaltiesConfig(), never) == ([empty], {})
+    unwanted_only = RewardPenaltiesConfig(penalize_unwanted_tokens=True, token_ids_unwanted=[999])
     assert apply_reward_penalties([empty], unwanted_only, never)[1] == {"unwanted_tokens": 0}
 
 
-def test_settings_say_what_is_enabled_and_refuse_unusable_values() -> None:
-    assert not PenaltySettings().any_enabled
-    assert PenaltySettings(empty_final_answer=True).any_enabled and ALL_ON.any_enabled
-    with pytest.raises(ValueError, match="unwanted_token_ids"):
-        PenaltySettings(unwanted_tokens=True)
-    with pytest.raises(ValueError, match="two different non-empty tags"):
-        PenaltySettings(think_start="<t>", think_end="<t>")
+def test_settings_say_what_is_enabled() -> None:
+    assert not RewardPenaltiesConfig().any_enabled and enabled_penalties(RewardPenaltiesConfig()) == []
+    assert RewardPenaltiesConfig(penalize_empty_final_answer=True).any_enabled and ALL_ON.any_enabled
+    assert enabled_penalties(ALL_ON) == [
+        "duplicated_reasoning",
+        "empty_final_answer",
+        "unwanted_tokens",
+        "malformed_think_tag",
+    ]

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from asyncppo.algorithms.advantages import AdvantageSettings
-from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
+from asyncppo.config.losses import PolicyLossConfig
+from asyncppo.config.models import PrivilegedCriticConfig, PrivilegedFieldConfig
+from asyncppo.config.ppo import AdvEstimatorConfig
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.trainer.ppo_step import StepSettings, ppo_step
 from asyncppo.trainer.privileged_critic import CriticPrefixes, PrivilegedCritic, critic_batch, critic_layout
@@ -26,8 +27,11 @@ def tokenizer(tiny_dir: Path) -> Any:
 
 @pytest.fixture
 def privileged(tokenizer: Any) -> PrivilegedCritic:
-    fields = (PrivilegedField("answer", "answer"), PrivilegedField("meta.tests", "tests", max_tokens=40))
-    return PrivilegedCritic(tokenizer, PrivilegeSettings(fields, max_total_tokens=64), PAD)
+    fields = [
+        PrivilegedFieldConfig(name="answer"),
+        PrivilegedFieldConfig(name="meta.tests", title="tests", max_tokens=40),
+    ]
+    return PrivilegedCritic(tokenizer, PrivilegedCriticConfig(enabled=True, fields=fields, max_total_tokens=64), PAD)
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:
@@ -110,11 +114,18 @@ class FakeValue(ValueModel):
 
 def _settings(estimator: str, residual: bool, privileged: bool) -> StepSettings:
     if estimator == "gae":
-        advantage = AdvantageSettings(
-            name="gae", normalize_advantages=True, residual_baseline=residual, gae_gamma=1.0, gae_lambda=0.95
+        advantage = AdvEstimatorConfig(
+            name="gae",
+            normalize_advantages=True,
+            residual_baseline=residual,
+            gae_gamma=1.0,
+            gae_lambda=0.95,
+            gae_lambda_value=None,
+            gae_lambda_policy=None,
+            length_adaptive_alpha=0.0,
         )
     else:
-        advantage = AdvantageSettings(
+        advantage = AdvEstimatorConfig(
             name="turn_gae",
             normalize_advantages=True,
             residual_baseline=residual,
@@ -124,6 +135,7 @@ def _settings(estimator: str, residual: bool, privileged: bool) -> StepSettings:
         )
     return StepSettings(
         advantage=advantage,
+        policy_loss=PolicyLossConfig(),
         ppo_epochs=1,
         critic_ppo_epochs=1,
         policy_training_start_step=0,
@@ -132,7 +144,6 @@ def _settings(estimator: str, residual: bool, privileged: bool) -> StepSettings:
         seq_logprob_error_threshold=None,
         overlong_filtering=False,
         need_reference_logprobs=False,
-        mismatch_kl_type="k3",
         privileged_critic=privileged,
     )
 
@@ -196,8 +207,8 @@ def test_rows_without_privilege_get_no_block_and_one_warning(
 
 
 def test_privilege_metrics_report_truncation_per_field(tokenizer: Any):
-    fields = (PrivilegedField("answer", "answer"), PrivilegedField("meta.tests", "tests"))
-    critic = PrivilegedCritic(tokenizer, PrivilegeSettings(fields, max_total_tokens=24), PAD)
+    fields = [PrivilegedFieldConfig(name="answer"), PrivilegedFieldConfig(name="meta.tests", title="tests")]
+    critic = PrivilegedCritic(tokenizer, PrivilegedCriticConfig(enabled=True, fields=fields, max_total_tokens=24), PAD)
     long_tests = {"answer": "2", "meta": {"tests": [f"assert f({i}) == {i + 1}" for i in range(10)]}}
     prefixes = critic.prefixes(_group_batch(tokenizer, tasks=[long_tests, {"answer": "3"}]))
     metrics = prefixes.metrics

@@ -1,4 +1,5 @@
-"""Front door of advantage estimation: estimator settings, `compute_advantages` dispatch, whitening and metrics.
+"""Front door of advantage estimation: `compute_advantages` dispatch (on the `ppo.adv_estimator` section), whitening
+and metrics.
 
 Called by the trainer once per step, after the critic forward and the old-logprob recomputation.
 Shapes: B batch, S sequence positions.
@@ -11,87 +12,19 @@ and every advantage outside the mask is 0. An all-masked batch is an error.
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from asyncppo.algorithms import residual
 from asyncppo.algorithms.gae import kl_reward_penalty, resolve_gae_lambdas, token_gae
-from asyncppo.algorithms.kl import KLType
 from asyncppo.algorithms.masked import masked_mean, whiten
-from asyncppo.algorithms.raw_reward import RawRewardBaseline, raw_reward_advantages
+from asyncppo.algorithms.raw_reward import raw_reward_advantages
 from asyncppo.algorithms.turns import TurnSpans, turn_gae, turn_metrics, validate_turn_spans
+from asyncppo.config.losses import PolicyLossConfig
+from asyncppo.config.ppo import AdvEstimatorConfig
 
-EstimatorName = Literal["gae", "turn_gae", "raw_reward"]
-ESTIMATOR_NAMES: tuple[str, ...] = ("gae", "turn_gae", "raw_reward")
-
-
-def _check_name(name: str) -> None:
-    if name not in ESTIMATOR_NAMES:
-        raise ValueError(f"adv_estimator.name={name!r}: only 'gae', 'turn_gae' or 'raw_reward' are supported")
-
-
-def estimator_needs_critic(name: str) -> bool:
-    """Whether the estimator consumes critic values (gae, turn_gae) or runs without a value model (raw_reward)."""
-    _check_name(name)
-    return name != "raw_reward"
-
-
-@dataclass(frozen=True)
-class AdvantageSettings:
-    """Estimator settings, one field per `adv_estimator.*` / KL config key (the builder copies them in).
-
-    None marks a key the config did not set; keys required by the chosen estimator are checked here
-    (gae: gae_gamma, gae_lambda, residual_baseline; turn_gae: turn_gae_*, residual_baseline).
-    """
-
-    name: EstimatorName
-    normalize_advantages: bool
-    residual_baseline: bool | None = None
-    gae_gamma: float | None = None
-    gae_lambda: float | None = None
-    gae_lambda_value: float | None = None
-    gae_lambda_policy: float | None = None
-    length_adaptive_alpha: float = 0.0
-    turn_gae_gamma: float | None = None
-    turn_gae_lambda_value: float | None = None
-    turn_gae_lambda_policy: float | None = None
-    use_kl_in_reward: bool = False
-    kl_penalty_coef: float = 0.0
-    kl_type: KLType = "k3"
-    kl_input_clamp: float | None = 20.0
-    kl_output_clamp: float | None = 10.0
-    raw_reward_baseline: RawRewardBaseline = "none"
-    raw_reward_normalize_by_std: bool = False
-    raw_reward_std_eps: float = 1e-6
-
-    def __post_init__(self) -> None:
-        _check_name(self.name)
-        required: dict[str, tuple[str, ...]] = {
-            "gae": ("gae_gamma", "gae_lambda", "residual_baseline"),
-            "turn_gae": ("turn_gae_gamma", "turn_gae_lambda_value", "turn_gae_lambda_policy", "residual_baseline"),
-            "raw_reward": (),
-        }
-        for key in required[self.name]:
-            if getattr(self, key) is None:
-                raise ValueError(f"adv_estimator.{key} is required for adv_estimator.name={self.name!r}")
-        if self.name == "raw_reward" and self.residual_baseline:
-            raise ValueError("adv_estimator.residual_baseline must be false for raw_reward (it has no critic)")
-        if self.residual_baseline and abs(self.gamma - 1.0) > residual.GAMMA_TOLERANCE:
-            raise ValueError(f"adv_estimator.residual_baseline=true needs gamma == 1 (got {self.gamma})")
-        if self.kl_penalty_coef < 0:
-            raise ValueError(f"loss_fn.reference_policy_kl_penalty={self.kl_penalty_coef} must be >= 0")
-
-    @property
-    def gamma(self) -> float:
-        """The discount of the chosen estimator (1 for raw_reward)."""
-        gamma = {"gae": self.gae_gamma, "turn_gae": self.turn_gae_gamma}.get(self.name, 1.0)
-        assert gamma is not None  # checked in __post_init__
-        return gamma
-
-    @property
-    def kl_in_reward(self) -> bool:
-        return self.use_kl_in_reward and self.kl_penalty_coef > 0
+RAW_REWARD_STD_EPS = 1e-6
+"""Added to the group's reward std before raw_reward divides by it (raw_reward_normalize_std)."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +91,8 @@ def _check_shapes(
 
 
 def compute_advantages(
-    settings: AdvantageSettings,
+    settings: AdvEstimatorConfig,
+    policy_loss: PolicyLossConfig | None = None,
     *,
     rewards: torch.Tensor,
     values: torch.Tensor | None,
@@ -174,6 +108,9 @@ def compute_advantages(
     rewards `[B]` (terminal R), values `[B, S]` right-shifted critic output (None for raw_reward),
     token_mask `[B, S]`, sample_mask `[B]`, group_ids `[B]` (one id per prompt group), old / reference
     logprobs `[B, S]` (needed for KL-in-reward), turn_spans (needed for turn_gae).
+
+    `settings` is the validated `ppo.adv_estimator` section (the schema guarantees the keys its estimator
+    reads); `policy_loss` is the `loss_fn` section, read for the KL-in-reward keys (None: no KL in the reward).
     """
     _check_shapes(
         rewards,
@@ -190,14 +127,14 @@ def compute_advantages(
 
     if settings.name == "raw_reward":
         if values is not None:
-            raise ValueError("raw_reward runs without a critic: pass values=None (see estimator_needs_critic)")
+            raise ValueError("raw_reward runs without a critic: pass values=None (see AdvEstimatorConfig.uses_critic)")
         advantages = raw_reward_advantages(
             rewards,
             token_mask,
             group_ids,
             settings.raw_reward_baseline,
-            settings.raw_reward_normalize_by_std,
-            settings.raw_reward_std_eps,
+            settings.raw_reward_normalize_std,
+            RAW_REWARD_STD_EPS,
         )
         baseline = torch.zeros_like(rewards, dtype=torch.float32)
         homogeneous, _ = residual.group_composition(rewards, group_ids, baseline, sample_mask)
@@ -205,7 +142,7 @@ def compute_advantages(
 
     if values is None:
         raise ValueError(f"adv_estimator.name={settings.name!r} needs critic values")
-    kl_penalty = _kl_penalty(settings, old_logprobs, reference_logprobs)
+    kl_penalty = _kl_penalty(policy_loss, old_logprobs, reference_logprobs)
     baseline, group_size = residual.leave_one_out_baseline(rewards, group_ids)
     homogeneous, metrics = residual.group_composition(rewards, group_ids, baseline, sample_mask)
     on = bool(settings.residual_baseline)
@@ -227,7 +164,7 @@ def compute_advantages(
 
 
 def _critic_estimate(
-    settings: AdvantageSettings,
+    settings: AdvEstimatorConfig,
     rewards: torch.Tensor,
     values: torch.Tensor,
     token_mask: torch.Tensor,
@@ -238,7 +175,8 @@ def _critic_estimate(
     """(advantages, returns, critic_mask, metrics) of gae or turn_gae on absolute values `[B, S]`."""
     metrics: dict[str, float] = {}
     if settings.name == "gae":
-        assert settings.gae_lambda is not None  # checked by AdvantageSettings
+        # Required (non-null) for gae by the schema.
+        assert settings.gae_lambda is not None and settings.length_adaptive_alpha is not None
         lambda_value, lambda_policy = resolve_gae_lambdas(
             token_mask,
             settings.gae_lambda,
@@ -254,6 +192,7 @@ def _critic_estimate(
         return advantages, returns, token_mask, metrics
     if turn_spans is None:
         raise ValueError("adv_estimator.name='turn_gae' needs turn_spans")
+    # Required (non-null) for turn_gae by the schema.
     assert settings.turn_gae_lambda_value is not None and settings.turn_gae_lambda_policy is not None
     metrics |= validate_turn_spans(turn_spans, token_mask, sample_mask)
     turns = turn_gae(
@@ -271,24 +210,24 @@ def _critic_estimate(
 
 
 def _kl_penalty(
-    settings: AdvantageSettings, old_logprobs: torch.Tensor | None, reference_logprobs: torch.Tensor | None
+    policy_loss: PolicyLossConfig | None, old_logprobs: torch.Tensor | None, reference_logprobs: torch.Tensor | None
 ) -> torch.Tensor | None:
-    if not settings.kl_in_reward:
+    if policy_loss is None or not policy_loss.uses_kl_in_reward:
         return None
     if old_logprobs is None or reference_logprobs is None:
         raise ValueError("loss_fn.use_kl_in_reward with a positive KL coefficient needs old and reference logprobs")
     return kl_reward_penalty(
         old_logprobs,
         reference_logprobs,
-        settings.kl_penalty_coef,
-        settings.kl_type,
-        settings.kl_input_clamp,
-        settings.kl_output_clamp,
+        policy_loss.reference_policy_kl_penalty,
+        policy_loss.reference_policy_kl_type,
+        policy_loss.kl_input_clamp_value,
+        policy_loss.kl_output_clamp_value,
     )
 
 
 def _finish(
-    settings: AdvantageSettings,
+    settings: AdvEstimatorConfig,
     advantages: torch.Tensor,
     returns: torch.Tensor | None,
     critic_mask: torch.Tensor | None,
@@ -299,8 +238,9 @@ def _finish(
     metrics: dict[str, float],
 ) -> AdvantageResult:
     """Pre-whitening metrics, whitening, post-whitening advantages/{mean, max, min} over the advantage mask."""
-    metrics = metrics | raw_advantage_metrics(advantages, adv_mask, settings.normalize_advantages)
-    advantages = whiten_advantages(advantages, adv_mask, settings.normalize_advantages)
+    normalize = bool(settings.normalize_advantages)  # required (non-null) for every estimator by the schema
+    metrics = metrics | raw_advantage_metrics(advantages, adv_mask, normalize)
+    advantages = whiten_advantages(advantages, adv_mask, normalize)
     valid = advantages[adv_mask.bool()]
     metrics["advantages/mean"] = valid.mean().item()
     metrics["advantages/max"] = valid.max().item()

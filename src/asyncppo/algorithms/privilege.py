@@ -17,6 +17,8 @@ from typing import Literal, cast
 
 import torch
 
+from asyncppo.config.models import PrivilegedCriticConfig, PrivilegedFieldConfig
+
 TRUNCATION_MARKER = "\n... [truncated]"
 OMISSION_MARKER = "... [omitted: token budget]"
 
@@ -24,23 +26,6 @@ CountTokens = Callable[[str], int]
 """Number of tokens of a text."""
 Truncate = Callable[[str, int], str]
 """(text, n) -> a prefix of the text of at most about n tokens (fit_to_budget re-counts and shrinks if needed)."""
-
-
-@dataclass(frozen=True)
-class PrivilegedField:
-    """One task field of the block: `name` is a dotted path into the task, `title` its tag, `max_tokens` its cap."""
-
-    name: str
-    title: str
-    max_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class PrivilegeSettings:
-    """value.privileged_critic as plain values: fields in priority (= emission) order and the total token budget."""
-
-    fields: tuple[PrivilegedField, ...]
-    max_total_tokens: int
 
 
 def _child(node: object, key: str) -> object | None:
@@ -92,7 +77,7 @@ class FieldOutcome:
     """What the budget left of one field: `text` as emitted (markers included), the field's own tokens wanted and
     kept (markers excluded), and whether it is whole, truncated or omitted."""
 
-    field: PrivilegedField
+    field: PrivilegedFieldConfig
     text: str
     wanted_tokens: int
     kept_tokens: int
@@ -112,7 +97,7 @@ def _truncate_within(text: str, room: int, count_tokens: CountTokens, truncate: 
 
 
 def fit_to_budget(
-    texts: Sequence[tuple[PrivilegedField, str]],
+    texts: Sequence[tuple[PrivilegedFieldConfig, str]],
     max_total_tokens: int,
     count_tokens: CountTokens,
     truncate: Truncate,
@@ -163,15 +148,15 @@ class ReferenceBlock:
 
 def format_reference_block(outcomes: Sequence[FieldOutcome]) -> str:
     """`<reference>\\n<{title}>\\n{text}\\n</{title}>\\n...</reference>` in the order given."""
-    body = "".join(f"<{o.field.title}>\n{o.text}\n</{o.field.title}>\n" for o in outcomes)
+    body = "".join(f"<{o.field.resolved_title}>\n{o.text}\n</{o.field.resolved_title}>\n" for o in outcomes)
     return f"<reference>\n{body}</reference>"
 
 
 def render_reference_block(
-    task: Mapping[str, object], settings: PrivilegeSettings, count_tokens: CountTokens, truncate: Truncate
+    task: Mapping[str, object], settings: PrivilegedCriticConfig, count_tokens: CountTokens, truncate: Truncate
 ) -> ReferenceBlock | None:
     """The block of one task, or None when none of the configured fields has content in it."""
-    texts: list[tuple[PrivilegedField, str]] = []
+    texts: list[tuple[PrivilegedFieldConfig, str]] = []
     for field in settings.fields:
         text = field_text(read_task_field(task, field.name))
         if text is not None:
@@ -183,7 +168,7 @@ def render_reference_block(
 
 
 def privilege_metrics(
-    blocks: Sequence[ReferenceBlock | None], block_tokens: Sequence[int], fields: Sequence[PrivilegedField]
+    blocks: Sequence[ReferenceBlock | None], block_tokens: Sequence[int], fields: Sequence[PrivilegedFieldConfig]
 ) -> dict[str, float]:
     """privilege/* over the rows of one batch; `block_tokens[i]` is row i's prefix length (0 without a block).
 
@@ -204,9 +189,10 @@ def privilege_metrics(
     metrics["privilege/dropped_tokens_mean"] = sum(block.dropped_tokens for block, _ in present) / count
     for field in fields:
         cut = sum(
-            any(o.field.title == field.title and o.status != "whole" for o in block.outcomes) for block, _ in present
+            any(o.field.resolved_title == field.resolved_title and o.status != "whole" for o in block.outcomes)
+            for block, _ in present
         )
-        metrics[f"privilege/frac_truncated_{field.title}"] = cut / count
+        metrics[f"privilege/frac_truncated_{field.resolved_title}"] = cut / count
     return metrics
 
 

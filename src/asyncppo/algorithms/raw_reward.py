@@ -3,7 +3,7 @@
 Called by `advantages.compute_advantages` when the estimator is `raw_reward`. Shapes: B batch, S sequence.
 
 A run with this estimator has NO critic: there are no returns to train one on. NeMo-RL kept running the
-critic forward and training it on the missing returns, a bug we do not copy; `advantages.estimator_needs_critic`
+critic forward and training it on the missing returns, a bug we do not copy; `AdvEstimatorConfig.uses_critic`
 tells the trainer to build no value model.
 """
 
@@ -30,10 +30,8 @@ def raw_reward_advantages(
     ("leave_one_out"; a singleton group gets b_i = R_i). std_g is the unbiased reward std of i's whole group
     (0 for a singleton). `rewards` and `group_ids` are `[B]`, `token_mask` `[B, S]`.
     """
-    if baseline not in ("none", "mean", "leave_one_out"):
-        raise ValueError(f"raw_reward baseline={baseline!r} is not one of 'none', 'mean', 'leave_one_out'")
-    if normalize_by_std and baseline == "none":
-        raise ValueError("raw_reward normalize_by_std needs a baseline ('mean' or 'leave_one_out'), not 'none'")
+    # The schema rejects raw_reward_normalize_std without a baseline (ppo.adv_estimator).
+    assert not (normalize_by_std and baseline == "none"), "normalize_by_std needs a baseline"
     if std_eps <= 0 and normalize_by_std:
         raise ValueError(f"raw_reward std_eps={std_eps} must be > 0")
     r = rewards.double()

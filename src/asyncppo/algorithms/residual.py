@@ -14,22 +14,7 @@ from typing import cast
 
 import torch
 
-GAMMA_TOLERANCE = 1e-8
 HOMOGENEOUS_VARIANCE = 1e-12
-
-
-def check_residual_baseline(gamma: float, num_generations_per_prompt: int) -> None:
-    """ValueError unless gamma == 1 (within 1e-8) and there are >= 2 rollouts per prompt (else B = R: no signal)."""
-    if abs(gamma - 1.0) > GAMMA_TOLERANCE:
-        raise ValueError(
-            f"adv_estimator.residual_baseline=true needs gamma == 1 (got {gamma}): the baseline cancels from the "
-            "TD errors only at gamma = 1"
-        )
-    if num_generations_per_prompt < 2:
-        raise ValueError(
-            "adv_estimator.residual_baseline=true needs ppo.num_generations_per_prompt >= 2 (got "
-            f"{num_generations_per_prompt}): with one rollout per prompt B = R and the reward vanishes"
-        )
 
 
 def group_ids_from_prompts(prompt_token_ids: torch.Tensor) -> torch.Tensor:

@@ -91,6 +91,11 @@ class PolicyLossConfig(Section):
         """The loss carries the reference KL term (it moves into the reward when use_kl_in_reward)."""
         return not self.use_kl_in_reward and self.reference_policy_kl_penalty > 0
 
+    @property
+    def uses_kl_in_reward(self) -> bool:
+        """The reference KL term moves into the per-token reward (use_kl_in_reward with a positive beta)."""
+        return self.use_kl_in_reward and self.reference_policy_kl_penalty > 0
+
 
 class ValueLossConfig(Section):
     """Clipped MSE value loss."""

@@ -72,6 +72,12 @@ class AdvEstimatorConfig(Section):
             raise RuleError("length_adaptive_alpha", "may not be null: use 0.0 to disable length-adaptive lambda")
         if self.name == "raw_reward" and self.residual_baseline:
             raise RuleError("residual_baseline", "must be false or absent when name='raw_reward' (it has no critic)")
+        if self.name == "raw_reward" and self.raw_reward_normalize_std and self.raw_reward_baseline == "none":
+            raise RuleError(
+                "raw_reward_normalize_std",
+                "true needs raw_reward_baseline 'mean' or 'leave_one_out' (got 'none'): the group std scales "
+                "rewards centred on a baseline",
+            )
         return self
 
     def _required_keys(self) -> list[tuple[str, RequiredFor]]:

@@ -10,9 +10,10 @@ with one EngineSettings built from the `generation` config section.
 `prefix_reuse_metrics` turns two readings into the step's `generation/*` metrics.
 """
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from transformers import PreTrainedModel
 
@@ -71,19 +72,19 @@ def build_engine(model: PreTrainedModel, settings: EngineSettings, rank: int = 0
             seed=seed,
             max_context_length=settings.max_context_length,
         )
-    return GraphGenerator(
-        model,
-        GraphEngineSettings(
-            max_batch_size=settings.max_batch_size,
-            max_context_length=settings.max_context_length,
-            eos_token_ids=settings.eos_token_ids,
-            seed=seed,
-            kv_cache_tokens=settings.kv_cache_tokens,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            prefix_cache=settings.prefix_cache,
-            recompute_kv_after_weight_update=settings.recompute_kv_after_weight_update,
-        ),
-    )
+    return GraphGenerator(model, graph_engine_settings(settings, seed))
+
+
+def graph_engine_settings(settings: EngineSettings, seed: int) -> GraphEngineSettings:
+    """The graph engine's settings: every field EngineSettings shares with it by name, the rank's `seed`, and
+    the graph engine's own defaults for its scheduler knobs (which EngineSettings does not carry)."""
+    shared: dict[str, Any] = {
+        field.name: getattr(settings, field.name)
+        for field in dataclasses.fields(GraphEngineSettings)
+        if hasattr(settings, field.name)
+    }
+    shared["seed"] = seed
+    return GraphEngineSettings(**shared)
 
 
 def prefix_reuse_counters(engine: Engine | None) -> dict[str, float]:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from asyncppo.config.runtime import GymConfig, SamplingProfile
+from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig, SamplingProfile
 from asyncppo.gym.client import GymClient
-from asyncppo.rollout.penalties import PenaltySettings, apply_reward_penalties
+from asyncppo.rollout.penalties import apply_reward_penalties
 from asyncppo.types import Trajectory
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ class GymRolloutRunner:
         self,
         settings: GymClientSettings,
         *,
-        penalties: PenaltySettings,
+        penalties: RewardPenaltiesConfig,
         decode: Callable[[Sequence[int]], str],
         policy_version: Callable[[], int],
         results_log: Path | None = None,

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from asyncppo.config.runtime import RewardPenaltiesConfig
 from asyncppo.types import Trajectory
 
 # duplicated_reasoning: this many consecutive normalised words, found twice without overlap, are a repetition.
@@ -23,39 +24,19 @@ _WORD = re.compile(r"\w+")
 # Chat-template control tokens left in the text by a decode that keeps special tokens: `<|im_end|>`,
 # `<|eot_id|>`, DeepSeek's full-width-bar form, and `</s>`. They are not part of an answer.
 _CONTROL_TOKEN = re.compile(r"<[|\uff5c][^<>|\uff5c\s]*[|\uff5c]>|</s>")
+THINK_START = "<think>"
+THINK_END = "</think>"
 
 
-@dataclass(frozen=True)
-class PenaltySettings:
-    """Which penalties zero the reward; see `apply_reward_penalties` for what each one checks."""
-
-    duplicated_reasoning: bool = False
-    empty_final_answer: bool = False
-    unwanted_tokens: bool = False
-    malformed_think_tag: bool = False
-    unwanted_token_ids: frozenset[int] = frozenset()
-    """Token ids that `unwanted_tokens` penalises when the policy generates one."""
-    think_start: str = "<think>"
-    think_end: str = "</think>"
-
-    def __post_init__(self) -> None:
-        if not self.think_start or not self.think_end or self.think_start == self.think_end:
-            raise ValueError(
-                f"think_start ({self.think_start!r}) and think_end ({self.think_end!r}) must be two different "
-                "non-empty tags"
-            )
-        if self.unwanted_tokens and not self.unwanted_token_ids:
-            raise ValueError("unwanted_token_ids: must list token ids when unwanted_tokens is on")
-
-    @property
-    def any_enabled(self) -> bool:
-        return self.duplicated_reasoning or self.empty_final_answer or self.unwanted_tokens or self.malformed_think_tag
-
-    @property
-    def enabled(self) -> list[str]:
-        """Names of the penalties that are on, in a fixed order (the keys of the counts)."""
-        names = ("duplicated_reasoning", "empty_final_answer", "unwanted_tokens", "malformed_think_tag")
-        return [name for name in names if getattr(self, name)]
+def enabled_penalties(settings: RewardPenaltiesConfig) -> list[str]:
+    """Names of the penalties that are on, in a fixed order (the keys of the counts and of the gym metrics)."""
+    switches = {
+        "duplicated_reasoning": settings.penalize_duplicated_reasoning,
+        "empty_final_answer": settings.penalize_empty_final_answer,
+        "unwanted_tokens": settings.penalize_unwanted_tokens,
+        "malformed_think_tag": settings.penalize_malformed_think_tag,
+    }
+    return [name for name, on in switches.items() if on]
 
 
 @dataclass(frozen=True)
@@ -119,7 +100,7 @@ def has_repeated_words(texts: Sequence[str], min_words: int = MIN_REPEATED_WORDS
 
 
 def apply_reward_penalties(
-    trajectories: Sequence[Trajectory], settings: PenaltySettings, decode: Callable[[Sequence[int]], str]
+    trajectories: Sequence[Trajectory], settings: RewardPenaltiesConfig, decode: Callable[[Sequence[int]], str]
 ) -> tuple[list[Trajectory], dict[str, int]]:
     """Returns new trajectories (dataclasses.replace; inputs untouched) whose reward is 0.0 when any enabled penalty
     applies, and counts {penalty name: number of trajectories it hit} for every enabled penalty (0 included).
@@ -128,7 +109,7 @@ def apply_reward_penalties(
     make them special tokens, decode with `skip_special_tokens=False`; control tokens such as `<|im_end|>` are
     ignored here). Each enabled penalty, on the assistant spans (the policy's generations, one per model call):
 
-    - `unwanted_tokens`: a generated token (loss mask 1) is in `unwanted_token_ids`. No decoding.
+    - `unwanted_tokens`: a generated token (loss mask 1) is in `token_ids_unwanted`. No decoding.
     - `malformed_think_tag`: some turn is not well formed (`split_think`): nested tags, an end before a start,
       a block left open (a turn cut inside its thinking counts), or more than one block in the turn. The model
       must write its own start tag: a chat template that opens the block in the prompt reads as malformed.
@@ -144,7 +125,7 @@ def apply_reward_penalties(
     `reward_components` to 0.0 (names kept, so they still sum to the reward). A trajectory whose reward was
     already 0 is still counted. Trajectories that no penalty hits are returned as they are (same objects).
     """
-    enabled = settings.enabled
+    enabled = enabled_penalties(settings)
     counts = dict.fromkeys(enabled, 0)
     penalized: list[Trajectory] = []
     for trajectory in trajectories:
@@ -158,22 +139,26 @@ def apply_reward_penalties(
     return penalized, counts
 
 
-def _hits(trajectory: Trajectory, settings: PenaltySettings, decode: Callable[[Sequence[int]], str]) -> list[str]:
+def _hits(trajectory: Trajectory, settings: RewardPenaltiesConfig, decode: Callable[[Sequence[int]], str]) -> list[str]:
     """Names of the enabled penalties that apply to `trajectory`."""
     hits: list[str] = []
-    if settings.unwanted_tokens:
+    if settings.penalize_unwanted_tokens:
+        unwanted = frozenset(settings.token_ids_unwanted)
         generated = (token for token, mask in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if mask)
-        if any(token in settings.unwanted_token_ids for token in generated):
+        if any(token in unwanted for token in generated):
             hits.append("unwanted_tokens")
-    if not (settings.malformed_think_tag or settings.empty_final_answer or settings.duplicated_reasoning):
+    malformed = settings.penalize_malformed_think_tag
+    empty_answer = settings.penalize_empty_final_answer
+    duplicated = settings.penalize_duplicated_reasoning
+    if not (malformed or empty_answer or duplicated):
         return hits
     texts = [decode(span) for span in _assistant_spans(trajectory)]
-    turns = [split_think(text, settings.think_start, settings.think_end) for text in texts]
-    if settings.malformed_think_tag and not all(turn.well_formed for turn in turns):
+    turns = [split_think(text, THINK_START, THINK_END) for text in texts]
+    if malformed and not all(turn.well_formed for turn in turns):
         hits.append("malformed_think_tag")
-    if settings.empty_final_answer and (not turns or not turns[-1].answer):
+    if empty_answer and (not turns or not turns[-1].answer):
         hits.append("empty_final_answer")
-    if settings.duplicated_reasoning and has_repeated_words([turn.thoughts for turn in turns]):
+    if duplicated and has_repeated_words([turn.thoughts for turn in turns]):
         hits.append("duplicated_reasoning")
     return hits
 

@@ -157,7 +157,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     latest = checkpoints.latest() if checkpoints is not None else None
     resume_step = load_run_state(latest).step if latest is not None else 0
     source = batch_source(config, train_rows, rollouts, generator, resume_step)
-    privilege = builders.privilege_settings(config)
+    privilege = builders.enabled_privileged_critic(config)
     return Run(
         config=config,
         run_dir=run_dir,

@@ -12,16 +12,14 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.algorithms.advantages import AdvantageSettings
-from asyncppo.algorithms.privilege import PrivilegedField, PrivilegeSettings
 from asyncppo.config import ConfigError, RunConfig
-from asyncppo.config.models import TrainedModelConfig
+from asyncppo.config.models import PrivilegedCriticConfig, TrainedModelConfig
 from asyncppo.demo.arithmetic_policy import ensure_arithmetic_policy
 from asyncppo.demo.tool_policy import ensure_tool_policy
 from asyncppo.generation.engines import EngineSettings
 from asyncppo.generation.protocol import SamplingParams
 from asyncppo.models.tiny import PRESETS, ensure_tiny
-from asyncppo.trainer.ppo_step import RewardScaling, RewardShaping, StepSettings
+from asyncppo.trainer.ppo_step import StepSettings
 from asyncppo.workers.generator_worker import GeneratorWorker, load_generator_worker
 from asyncppo.workers.policy_worker import PolicyWorker, PolicyWorkerSettings
 from asyncppo.workers.trained_model import TrainedModelSettings
@@ -80,37 +78,11 @@ def needs_reference_logprobs(config: RunConfig) -> bool:
     return config.loss_fn.reference_policy_kl_penalty > 0 and not config.ppo.skip_reference_policy_logprobs_calculation
 
 
-def advantage_settings(config: RunConfig) -> AdvantageSettings:
-    est = config.ppo.adv_estimator
-    loss = config.loss_fn
-    return AdvantageSettings(
-        name=est.name,
-        normalize_advantages=bool(est.normalize_advantages),
-        residual_baseline=est.residual_baseline,
-        gae_gamma=est.gae_gamma,
-        gae_lambda=est.gae_lambda,
-        gae_lambda_value=est.gae_lambda_value,
-        gae_lambda_policy=est.gae_lambda_policy,
-        length_adaptive_alpha=est.length_adaptive_alpha or 0.0,
-        turn_gae_gamma=est.turn_gae_gamma,
-        turn_gae_lambda_value=est.turn_gae_lambda_value,
-        turn_gae_lambda_policy=est.turn_gae_lambda_policy,
-        use_kl_in_reward=loss.use_kl_in_reward and loss.reference_policy_kl_penalty > 0,
-        kl_penalty_coef=loss.reference_policy_kl_penalty,
-        kl_type=loss.reference_policy_kl_type,
-        kl_input_clamp=loss.kl_input_clamp_value,
-        kl_output_clamp=loss.kl_output_clamp_value,
-        raw_reward_baseline=est.raw_reward_baseline,
-        raw_reward_normalize_by_std=est.raw_reward_normalize_std,
-    )
-
-
 def step_settings(config: RunConfig) -> StepSettings:
     ppo = config.ppo
-    scaling = ppo.reward_scaling
-    shaping = ppo.reward_shaping
     return StepSettings(
-        advantage=advantage_settings(config),
+        advantage=ppo.adv_estimator,
+        policy_loss=config.loss_fn,
         ppo_epochs=ppo.ppo_epochs,
         critic_ppo_epochs=ppo.resolved_critic_ppo_epochs,
         policy_training_start_step=ppo.policy_training_start_step,
@@ -119,34 +91,16 @@ def step_settings(config: RunConfig) -> StepSettings:
         seq_logprob_error_threshold=ppo.seq_logprob_error_threshold,
         overlong_filtering=ppo.overlong_filtering,
         need_reference_logprobs=needs_reference_logprobs(config),
-        mismatch_kl_type=config.loss_fn.reference_policy_kl_type,
-        privileged_critic=privilege_settings(config) is not None,
-        reward_scaling=RewardScaling(scaling.source_min, scaling.source_max, scaling.target_min, scaling.target_max)
-        if scaling.enabled
-        else None,
-        reward_shaping=RewardShaping(
-            shaping.max_response_length,
-            shaping.overlong_buffer_length,
-            shaping.overlong_buffer_penalty,
-            shaping.stop_properly_penalty_coef,
-        )
-        if shaping.enabled
-        else None,
+        privileged_critic=enabled_privileged_critic(config) is not None,
+        reward_scaling=ppo.reward_scaling if ppo.reward_scaling.enabled else None,
+        reward_shaping=ppo.reward_shaping if ppo.reward_shaping.enabled else None,
     )
 
 
-def privilege_settings(config: RunConfig) -> PrivilegeSettings | None:
-    """value.privileged_critic as plain values; None when it is off (or the run has no critic)."""
+def enabled_privileged_critic(config: RunConfig) -> PrivilegedCriticConfig | None:
+    """The value.privileged_critic section when it is on; None when it is off (or the run has no critic)."""
     section = config.value.privileged_critic if config.value is not None else None
-    if section is None or not section.enabled:
-        return None
-    return PrivilegeSettings(
-        fields=tuple(
-            PrivilegedField(name=field.name, title=field.resolved_title, max_tokens=field.max_tokens)
-            for field in section.fields
-        ),
-        max_total_tokens=section.max_total_tokens,
-    )
+    return section if section is not None and section.enabled else None
 
 
 def train_sampling(config: RunConfig, stop_token_ids: tuple[int, ...]) -> SamplingParams:

@@ -19,7 +19,6 @@ from asyncppo.gym.runner import GroupOutcome, GymClientSettings, GymRolloutRunne
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.gym.servers.resources import RESOURCES_APPS
 from asyncppo.pipeline.sources import GroupRolloutFn
-from asyncppo.rollout.penalties import PenaltySettings
 from asyncppo.types import Trajectory
 from asyncppo.workers.groups import GeneratorGroup
 from asyncppo.workers.policy_http import PolicyServerSettings
@@ -38,17 +37,6 @@ def policy_server_settings(config: RunConfig, tokenizer_path: str) -> PolicyServ
         max_model_len=config.model.max_total_sequence_length,
         api_key=gym.api_key,
         port=gym.policy_server_port,
-    )
-
-
-def penalty_settings(config: RunConfig) -> PenaltySettings:
-    penalties = config.reward_penalties
-    return PenaltySettings(
-        duplicated_reasoning=penalties.penalize_duplicated_reasoning,
-        empty_final_answer=penalties.penalize_empty_final_answer,
-        unwanted_tokens=penalties.penalize_unwanted_tokens,
-        malformed_think_tag=penalties.penalize_malformed_think_tag,
-        unwanted_token_ids=frozenset(penalties.token_ids_unwanted),
     )
 
 
@@ -127,7 +115,7 @@ def start_gym_rollouts(
     try:
         runner = GymRolloutRunner(
             client_settings,
-            penalties=penalty_settings(config),
+            penalties=config.reward_penalties,
             decode=decode,
             policy_version=policy_version,
             results_log=results_log,

@@ -23,45 +23,28 @@ from typing import TypeVar
 
 import torch
 
-from asyncppo.algorithms.advantages import AdvantageSettings, compute_advantages
+from asyncppo.algorithms.advantages import compute_advantages
 from asyncppo.algorithms.critic_metrics import critic_diagnostics
-from asyncppo.algorithms.kl import KLType
 from asyncppo.algorithms.microbatch import reduce_metrics_by_key
 from asyncppo.algorithms.mismatch import mask_sequences_by_logprob_error, token_mismatch_metrics
 from asyncppo.algorithms.privilege import PrefixedLayout
 from asyncppo.algorithms.residual import homogeneous_group_sample_mask
 from asyncppo.algorithms.reward_processing import overlong_filter_mask, scale_rewards, shape_overlong_rewards
 from asyncppo.algorithms.turns import TurnSpans, build_turn_spans, validate_turn_spans
+from asyncppo.config.losses import PolicyLossConfig
+from asyncppo.config.ppo import AdvEstimatorConfig, RewardScalingConfig, RewardShapingConfig
 from asyncppo.trainer.privileged_critic import CriticPrefixes, critic_batch, critic_layout
 from asyncppo.types import TrainBatch
 from asyncppo.workers.groups import PolicyModel, ValueModel
 
 
 @dataclass(frozen=True)
-class RewardScaling:
-    """reward_scaling.* as plain values."""
-
-    source_min: float
-    source_max: float
-    target_min: float
-    target_max: float
-
-
-@dataclass(frozen=True)
-class RewardShaping:
-    """reward_shaping.* as plain values."""
-
-    max_response_length: int | None
-    overlong_buffer_length: int | None
-    overlong_buffer_penalty: float
-    stop_properly_penalty_coef: float | None
-
-
-@dataclass(frozen=True)
 class StepSettings:
     """Everything the step needs from the config, as plain values (built by trainer/builders.py)."""
 
-    advantage: AdvantageSettings
+    advantage: AdvEstimatorConfig
+    policy_loss: PolicyLossConfig
+    """loss_fn: its KL-in-reward keys feed the advantages, its reference KL type the mismatch metrics."""
     ppo_epochs: int
     critic_ppo_epochs: int
     policy_training_start_step: int
@@ -70,9 +53,10 @@ class StepSettings:
     seq_logprob_error_threshold: float | None
     overlong_filtering: bool
     need_reference_logprobs: bool
-    mismatch_kl_type: KLType
-    reward_scaling: RewardScaling | None = None
-    reward_shaping: RewardShaping | None = None
+    reward_scaling: RewardScalingConfig | None = None
+    """ppo.reward_scaling when enabled, else None."""
+    reward_shaping: RewardShapingConfig | None = None
+    """ppo.reward_shaping when enabled, else None."""
     privileged_critic: bool = False
     """value.privileged_critic.enabled: every step must then come with critic_prefixes."""
 
@@ -94,19 +78,9 @@ def process_rewards(settings: StepSettings, batch: TrainBatch) -> TrainBatch:
     """Scaling, then overlong shaping, then overlong filtering, in the order NeMo-RL applies them."""
     rewards = batch.rewards
     if settings.reward_scaling is not None:
-        scaling = settings.reward_scaling
-        rewards = scale_rewards(rewards, scaling.source_min, scaling.source_max, scaling.target_min, scaling.target_max)
+        rewards = scale_rewards(rewards, settings.reward_scaling)
     if settings.reward_shaping is not None:
-        shaping = settings.reward_shaping
-        rewards = shape_overlong_rewards(
-            rewards,
-            _response_lengths(batch),
-            batch.truncated,
-            max_response_length=shaping.max_response_length,
-            overlong_buffer_length=shaping.overlong_buffer_length,
-            overlong_buffer_penalty=shaping.overlong_buffer_penalty,
-            stop_properly_penalty_coef=shaping.stop_properly_penalty_coef,
-        )
+        rewards = shape_overlong_rewards(rewards, _response_lengths(batch), batch.truncated, settings.reward_shaping)
     sample_mask = batch.sample_mask
     if settings.overlong_filtering:
         sample_mask = overlong_filter_mask(sample_mask, batch.truncated)
@@ -186,7 +160,7 @@ def ppo_step(
     num_valid = float(loss_mask.sum().item())
     if num_valid > 0:
         mismatch = token_mismatch_metrics(
-            old_logprobs, batch.generation_logprobs, loss_mask, num_valid, settings.mismatch_kl_type
+            old_logprobs, batch.generation_logprobs, loss_mask, num_valid, settings.policy_loss.reference_policy_kl_type
         )
         metrics.update({f"mismatch/{key}": value_ for key, value_ in mismatch.items()})
     sample_mask, seq_metrics = mask_sequences_by_logprob_error(
@@ -201,6 +175,7 @@ def ppo_step(
 
     result = compute_advantages(
         settings.advantage,
+        settings.policy_loss,
         rewards=batch.rewards,
         values=values,
         token_mask=batch.token_mask,

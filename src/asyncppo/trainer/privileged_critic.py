@@ -18,12 +18,12 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncppo.algorithms.privilege import (
     PrefixedLayout,
-    PrivilegeSettings,
     ReferenceBlock,
     prepend_prefixes,
     privilege_metrics,
     render_reference_block,
 )
+from asyncppo.config.models import PrivilegedCriticConfig
 from asyncppo.types import MessageSpan, TrainBatch, Trajectory
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class CriticPrefixes:
 class PrivilegedCritic:
     """Builds the critic's prefixes from trajectories' task fields with the run's tokenizer."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, settings: PrivilegeSettings, pad_token_id: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, settings: PrivilegedCriticConfig, pad_token_id: int) -> None:
         self.tokenizer = tokenizer
         self.settings = settings
         self.pad_token_id = pad_token_id
