@@ -147,7 +147,7 @@ class CheckpointManager:
 
     def checkpoints(self) -> list[CheckpointRecord]:
         """Every complete checkpoint, oldest step first (tmp_step_*, old_step_* and unmarked dirs are ignored)."""
-        records = []
+        records: list[CheckpointRecord] = []
         for entry in self.checkpoint_dir.iterdir():
             match = _STEP_DIR.fullmatch(entry.name)
             info_path = entry / TRAINING_INFO_FILE
@@ -179,7 +179,7 @@ class CheckpointManager:
 
         ranked = sorted(records, key=rank, reverse=True)
         protected = {records[-1].step, protect_step}
-        deleted = []
+        deleted: list[Path] = []
         for record in ranked[self.keep_top_k :]:
             if record.step not in protected:
                 shutil.rmtree(record.path)

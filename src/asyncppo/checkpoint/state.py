@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -27,21 +27,23 @@ _PLAIN_SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, 
 
 def _check_plain(obj: object, key_path: str) -> None:
     """Raise TypeError naming the key path of the first value that weights_only loading would refuse."""
-    if isinstance(obj, torch.Tensor) or type(obj) in _PLAIN_SCALARS:
+    kind = type(obj)
+    if isinstance(obj, torch.Tensor) or kind in _PLAIN_SCALARS:
         return
     # Exact container types too: weights_only loading rebuilds dict, OrderedDict, list and tuple, no subclasses.
-    if isinstance(obj, dict) and type(obj) in (dict, OrderedDict):
-        for key, value in obj.items():
+    # (The casts: isinstance leaves the items' types unknown; they are checked as plain objects.)
+    if isinstance(obj, dict) and kind in (dict, OrderedDict):
+        for key, value in cast(dict[object, object], obj).items():
             if not isinstance(key, str | int):
                 raise TypeError(f"{key_path}: dict key {key!r} is a {type(key).__name__}, not str or int")
             _check_plain(value, f"{key_path}.{key}")
         return
-    if isinstance(obj, list | tuple) and type(obj) in (list, tuple):
-        for index, value in enumerate(obj):
+    if isinstance(obj, list | tuple) and kind in (list, tuple):
+        for index, value in enumerate(cast(list[object] | tuple[object, ...], obj)):
             _check_plain(value, f"{key_path}[{index}]")
         return
     raise TypeError(
-        f"{key_path}: {type(obj).__module__}.{type(obj).__qualname__} cannot go into a state file "
+        f"{key_path}: {kind.__module__}.{kind.__qualname__} cannot go into a state file "
         "(tensors, dicts, lists, tuples, numbers, strings and None only); convert it with state_dict() first"
     )
 
@@ -77,7 +79,8 @@ def save_rng_state() -> dict[str, Any]:
         name, keys, position, has_gauss, cached_gaussian = numpy.random.get_state(legacy=True)
         state["numpy"] = {
             "bit_generator": str(name),
-            "keys": torch.from_numpy(keys.astype("int64")),
+            # torch's stub leaves from_numpy's parameter unannotated (`def from_numpy(ndarray) -> Tensor`).
+            "keys": torch.from_numpy(keys.astype("int64")),  # pyright: ignore[reportUnknownMemberType]
             "position": int(position),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached_gaussian),

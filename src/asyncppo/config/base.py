@@ -4,6 +4,8 @@ Every section forbids unknown keys (so a typo never becomes a silent default) an
 description from the docstring written under it, which `asyncppo config keys` prints.
 """
 
+from typing import cast
+
 from pydantic import BaseModel, ConfigDict, ValidationInfo
 
 NOTES_CONTEXT_KEY = "notes"
@@ -45,6 +47,9 @@ def add_note(info: ValidationInfo, text: str) -> None:
     Notes go to the list `validate_tree` passes in the validation context; validation without one (a direct
     `RunConfig.model_validate`) applies the same rule silently.
     """
+    # The context is untyped (isinstance leaves key and item types unknown); `validate_tree` passes a dict whose
+    # NOTES_CONTEXT_KEY entry is a list[str].
     context = info.context
-    if isinstance(context, dict) and isinstance(context.get(NOTES_CONTEXT_KEY), list):
-        context[NOTES_CONTEXT_KEY].append(text)
+    notes = cast(dict[str, object], context).get(NOTES_CONTEXT_KEY) if isinstance(context, dict) else None
+    if isinstance(notes, list):
+        cast(list[str], notes).append(text)

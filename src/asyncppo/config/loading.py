@@ -8,10 +8,11 @@ files --defaults merge--> tree --overrides (typed by the schema)--> RunConfig.mo
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from asyncppo.config.base import NOTES_CONTEXT_KEY, RuleError
 from asyncppo.config.schema import RunConfig
@@ -28,10 +29,15 @@ class ConfigError(ValueError):
         self.lines = lines
 
 
+def _is_tree(value: object) -> TypeGuard[dict[str, Any]]:
+    """Whether `value` is a mapping of config keys (a bare isinstance leaves its key and value types unknown)."""
+    return isinstance(value, dict)
+
+
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if _is_tree(value) and isinstance(merged.get(key), dict):
             merged[key] = _deep_merge(merged[key], value)
         else:
             merged[key] = value
@@ -51,15 +57,16 @@ def load_yaml_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, 
     except yaml.YAMLError as error:
         raise ConfigError([f"{path}: not valid YAML ({str(error).splitlines()[0]})"]) from error
     if tree is None:
-        tree = {}
-    if not isinstance(tree, dict):
+        tree = dict[str, Any]()
+    if not _is_tree(tree):
         raise ConfigError([f"{path}: expected a mapping of config sections, got {type(tree).__name__}"])
-    parents = tree.pop(DEFAULTS_KEY, [])
+    parents: object = tree.pop(DEFAULTS_KEY, [])
     parents = [parents] if isinstance(parents, str) else parents
-    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+    # isinstance(parents, list) leaves the item type unknown: the items are checked as plain objects.
+    if not isinstance(parents, list) or not all(isinstance(p, str) for p in cast(list[object], parents)):
         raise ConfigError([f"{path}: '{DEFAULTS_KEY}' must be a file path or a list of file paths"])
     merged: dict[str, Any] = {}
-    for parent in parents:
+    for parent in cast(list[str], parents):  # every item was checked to be a str just above
         merged = _deep_merge(merged, load_yaml_tree(path.parent / parent, (*_seen, path)))
     return _deep_merge(merged, tree)
 
@@ -93,7 +100,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         parts = key.split(".")
         for part in parts[:-1]:
             child = node.get(part)
-            if not isinstance(child, dict):
+            if not _is_tree(child):
                 child = {}
             node[part] = child = dict(child)
             node = child
@@ -101,7 +108,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return result
 
 
-def _format_error(error: Any) -> str:
+def _format_error(error: ErrorDetails) -> str:
     location = ".".join(str(part) for part in error["loc"])
     kind = error["type"]
     if kind == "extra_forbidden":

@@ -200,7 +200,7 @@ class RewardPenaltiesConfig(Section):
     """Zero the reward when the response contains any of token_ids_unwanted."""
     penalize_malformed_think_tag: bool = False
     """Zero the reward when think tags are unbalanced or nested."""
-    token_ids_unwanted: list[int] = Field(default_factory=list)
+    token_ids_unwanted: list[int] = Field(default_factory=list[int])
     """Token ids penalised by penalize_unwanted_tokens."""
 
     @model_validator(mode="after")

@@ -18,6 +18,7 @@ from asyncppo.config import ConfigError, RunConfig
 from asyncppo.gym.runner import GroupOutcome, GymClientSettings, GymRolloutRunner
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.gym.servers.resources import RESOURCES_APPS
+from asyncppo.models.tokenizer import decode_ids
 from asyncppo.pipeline.sources import GroupRolloutFn
 from asyncppo.types import Trajectory
 from asyncppo.workers.groups import GeneratorGroup
@@ -110,7 +111,7 @@ def start_gym_rollouts(
     )
 
     def decode(token_ids: Sequence[int]) -> str:
-        return str(tokenizer.decode(list(token_ids), skip_special_tokens=False))
+        return decode_ids(tokenizer, token_ids, skip_special_tokens=False)
 
     try:
         runner = GymRolloutRunner(

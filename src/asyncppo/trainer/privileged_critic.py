@@ -12,6 +12,7 @@ positions, W critic-layout positions.
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import cast
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -24,6 +25,7 @@ from asyncppo.algorithms.privilege import (
     render_reference_block,
 )
 from asyncppo.config.models import PrivilegedCriticConfig
+from asyncppo.models.tokenizer import decode_ids, encode_text, render_chat_text
 from asyncppo.types import MessageSpan, TrainBatch, Trajectory
 
 log = logging.getLogger(__name__)
@@ -49,23 +51,18 @@ class PrivilegedCritic:
         self.pad_token_id = pad_token_id
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return encode_text(self.tokenizer, text, add_special_tokens=False)
 
     def count_tokens(self, text: str) -> int:
         return len(self._encode(text))
 
     def truncate(self, text: str, num_tokens: int) -> str:
         """The first `num_tokens` tokens of `text`, decoded (a cut inside a multi-byte character may show as U+FFFD)."""
-        decoded = self.tokenizer.decode(self._encode(text)[:num_tokens])
-        assert isinstance(decoded, str)
-        return decoded
+        return decode_ids(self.tokenizer, self._encode(text)[:num_tokens])
 
     def block_token_ids(self, block: str) -> list[int]:
         """The block rendered as a lone system message with the chat template, encoded without special tokens."""
-        rendered = self.tokenizer.apply_chat_template([{"role": "system", "content": block}], tokenize=False)
-        if not isinstance(rendered, str):
-            raise TypeError(f"apply_chat_template(tokenize=False) returned {type(rendered).__name__}, not text")
-        return self._encode(rendered)
+        return self._encode(render_chat_text(self.tokenizer, [{"role": "system", "content": block}]))
 
     def render(self, task: dict[str, object]) -> ReferenceBlock | None:
         """The reference block of one task, or None when it has none of the configured fields."""
@@ -120,7 +117,8 @@ def critic_batch(batch: TrainBatch, layout: PrefixedLayout) -> TrainBatch:
             continue
         if value.dim() == 2 and value.shape[1] == batch.seq_len:
             updates[spec.name] = layout.to_critic(value)
-    prefix_lengths = layout.prefix_lengths.tolist()
+    # torch's stub types tolist() as a bare `list`; a 1-D integer tensor gives a list of ints.
+    prefix_lengths = cast(list[int], layout.prefix_lengths.tolist())  # pyright: ignore[reportUnknownMemberType]
     return batch.with_fields(
         **updates,
         input_ids=layout.input_ids,

@@ -29,6 +29,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 LOCAL_HOST = "127.0.0.1"
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 Worker = TypeVar("Worker", covariant=True)
+Built = TypeVar("Built")
 Params = ParamSpec("Params")
 Result = TypeVar("Result")
 
@@ -117,12 +118,14 @@ class WorkerGroup(Generic[Worker]):
         self.hosts = list(hosts)
         self.timeout_s = timeout_s
 
-    @classmethod
+    # A static method with its own type variable: pyright infers the worker type from the factories only here
+    # (through a classmethod on the unparameterized `WorkerGroup` it stays Unknown).
+    @staticmethod
     def start(
-        cls, name: str, factories: Sequence[Callable[[], Worker]], options: HostOptions, timeout_s: float
-    ) -> "WorkerGroup[Worker]":
+        name: str, factories: Sequence[Callable[[], Built]], options: HostOptions, timeout_s: float
+    ) -> "WorkerGroup[Built]":
         """Start one host per factory and wait until every one has built its worker."""
-        group = cls(
+        group = WorkerGroup[Built](
             name, [start_host(factory, options, f"{name}-{rank}") for rank, factory in enumerate(factories)], timeout_s
         )
         group.gather([PendingCall(host.ready.remote(), rank, "ready") for rank, host in enumerate(group.hosts)])
