@@ -1,5 +1,6 @@
 """The policy server over real HTTP on 127.0.0.1: token-exact turns, logprobs, validation, concurrency, shutdown."""
 
+import copy
 import socket
 import threading
 from collections.abc import Iterator
@@ -238,3 +239,119 @@ def test_stop_shuts_down_cleanly_and_frees_the_port(tokenizer: PreTrainedTokeniz
     with socket.socket() as probe:  # SO_REUSEADDR tolerates TIME_WAIT leftovers but not a live listener
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", server.port))
+
+
+def post_raw(root: str, path: str, body: str) -> httpx.Response:
+    """POST `body` as written (lone surrogate escapes, NaN and Infinity included, which httpx's json= refuses)."""
+    headers = {"Content-Type": "application/json"}
+    return httpx.post(f"{root}{path}", content=body.encode(), headers=headers, timeout=60)
+
+
+SAMPLING = '"model": "policy", "temperature": 1.0, "top_p": 1.0, "max_tokens": 2'
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "fragment"),
+    [
+        ("/tokenize", '{"messages": []}', 422, "messages", "at least 1 item"),
+        (
+            "/tokenize",
+            '{"messages": [{"role": "user", "content": "hi \\ud800"}]}',
+            400,
+            "messages[0].content",
+            "lone surrogate U+D800",
+        ),
+        ("/tokenize", '{"prompt": "hi \\ud800"}', 400, "prompt", "lone surrogate U+D800"),
+        (
+            "/v1/chat/completions",
+            "{" + SAMPLING + ', "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+            400,
+            "messages[0].content",
+            "expected valid Unicode text",
+        ),
+        ("/v1/responses", "{" + SAMPLING + ', "input": "hi \\udfff"}', 400, "input", "lone surrogate U+DFFF"),
+        (
+            "/v1/responses",
+            '{"temperature": 1.0, "top_p": 1.0, "input": "hi", "max_output_tokens": Infinity}',
+            400,
+            None,
+            "Infinity is not a JSON number; expected a finite number",
+        ),
+        ("/v1/chat/completions", '{"messages": [], "temperature": NaN}', 400, None, "NaN is not a JSON number"),
+        ("/v1/responses", '{"input": "hi", "top_p": 1e400}', 400, None, "expected a finite number"),
+        ("/v1/chat/completions", '{"messages": [', 400, None, "not valid JSON"),
+        ("/v1/chat/completions", "[" * 5000 + "]" * 5000, 400, None, "nested deeper than 64 levels"),
+        (
+            "/v1/chat/completions",
+            "{" + SAMPLING + ', "messages": [{"role": "robot", "content": "hi"}]}',
+            422,
+            "messages[0].role",
+            'got "robot"',
+        ),
+        (
+            "/v1/responses",
+            "{" + SAMPLING + ', "input": "hi", "max_output_tokens": "many"}',
+            422,
+            "max_output_tokens",
+            "valid integer",
+        ),
+    ],
+)
+def test_malformed_bodies_get_4xx_naming_the_field_and_the_server_keeps_serving(
+    served: tuple[str, CountingGenerator], path: str, body: str, status: int, param: str | None, fragment: str
+) -> None:
+    root, _ = served
+    response = post_raw(root, path, body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert fragment in error["message"] and error["param"] == param and error["code"] == status
+    assert chat(root, [{"role": "user", "content": "hi"}]).status_code == 200
+
+
+def test_tokenize_with_required_prefix_returns_the_completion_prompt(served: tuple[str, CountingGenerator]) -> None:
+    """Gym's fallback asks /tokenize for a turn's prompt ids with the chat body: they must be the spliced ones."""
+    root, _ = served
+    first = chat(root, [{"role": "user", "content": "Weather in Paris?"}]).json()["choices"][0]["message"]
+    history = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", **first}]
+    history.append({"role": "user", "content": "And in Rome?"})
+    prefix = first["prompt_token_ids"] + first["generation_token_ids"]
+    second = chat(root, history, required_prefix_token_ids=prefix).json()["choices"][0]["message"]
+    body = {"model": "policy", "messages": history, "tools": TOOLS, "required_prefix_token_ids": prefix}
+    tokens = httpx.post(f"{root}/tokenize", json=body).json()["tokens"]
+    assert tokens == second["prompt_token_ids"] and tokens[: len(prefix)] == prefix
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"prompt": "hi", "required_prefix_token_ids": [1]}, "apply to the chat form"),
+        ({"prompt": "hi", "chat_template_kwargs": {}}, "apply to the chat form"),
+        (
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "required_prefix_token_ids": [1],
+                "add_generation_prompt": False,
+            },
+            "needs add_generation_prompt=true",
+        ),
+    ],
+)
+def test_tokenize_options_outside_the_chat_form_are_refused(
+    served: tuple[str, CountingGenerator], body: dict, fragment: str
+) -> None:
+    response = httpx.post(f"{served[0]}/tokenize", json=body)
+    assert response.status_code == 422 and fragment in response.json()["error"]["message"]
+
+
+def test_chat_template_kwargs_reach_the_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    greeting = copy.deepcopy(tokenizer)
+    greeting.chat_template = "{{ greeting | default('plain') }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    with scripted_server(greeting, ScriptedGenerator([EOS_TOKEN_ID])) as server:
+        root = server.url.removesuffix("/v1")
+        body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"greeting": "hello "}}
+        tokens = httpx.post(f"{root}/tokenize", json=body).json()["tokens"]
+        assert tokens == greeting.encode("hello hi", add_special_tokens=False)
+        prompt = chat(root, body["messages"], tools=None, chat_template_kwargs={"greeting": "hello "}).json()
+        assert prompt["choices"][0]["message"]["prompt_token_ids"] == tokens  # completion and tokenize agree
+        reserved = httpx.post(f"{root}/tokenize", json=body | {"chat_template_kwargs": {"tokenize": True}})
+        assert reserved.status_code == 400 and "['tokenize'] are arguments" in reserved.json()["error"]["message"]

@@ -26,8 +26,10 @@ def test_turn2_request_keeps_token_fields_and_ignores_gym_extras() -> None:
     assert [call.function.name for call in assistant.tool_calls or []] == ["get_weather", "get_weather"]
     dumped = request.model_dump(exclude_none=True)
     # The 4.2 extras are accepted and dropped, not carried: the server never acts on them.
-    for extra in ("chat_template_kwargs", "metadata", "parallel_tool_calls", "tool_choice", "reasoning_effort"):
+    for extra in ("metadata", "parallel_tool_calls", "tool_choice", "reasoning_effort"):
         assert extra in raw and extra not in dumped
+    # chat_template_kwargs is carried: the template renders with it, on /tokenize too, so both agree.
+    assert dumped["chat_template_kwargs"] == raw["chat_template_kwargs"]
     assert "reasoning_content" not in dumped["messages"][1] and "routed_experts" not in dumped["messages"][1]
     assert ChatCompletionRequest.model_validate(dumped) == request
 

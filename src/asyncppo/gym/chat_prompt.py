@@ -5,12 +5,14 @@ token-exact (docs/gym-protocol.md, Multi-turn token exactness): earlier turns en
 engine saw and sampled, not as a re-rendering of their decoded text.
 """
 
+import inspect
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from asyncppo.gym.protocol import FunctionCall, RequestMessage, ToolCall
@@ -38,14 +40,40 @@ def render_tokens(
     messages: Sequence[RequestMessage],
     tools: list[dict[str, Any]] | None,
     add_generation_prompt: bool,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    """Token ids of the conversation rendered by the tokenizer's chat template (no re-added special tokens)."""
+    """Token ids of the conversation rendered by the tokenizer's chat template (no re-added special tokens).
+
+    `template_kwargs` are extra template variables (a request's `chat_template_kwargs`); PromptError for one that
+    names an argument of the render itself, or for a conversation the template refuses.
+    """
+    extra = dict(template_kwargs or {})
+    reserved = sorted(set(extra) & _render_arguments(tokenizer))
+    if reserved:
+        raise PromptError(
+            f"chat_template_kwargs: {reserved} are arguments of the template render, not template variables; "
+            "expected only variables the template reads (e.g. enable_thinking)"
+        )
     template_tools: list[Any] | None = list(tools) if tools is not None else None
-    text = tokenizer.apply_chat_template(
-        template_messages(messages), tools=template_tools, add_generation_prompt=add_generation_prompt, tokenize=False
-    )
+    try:
+        text = tokenizer.apply_chat_template(
+            template_messages(messages),
+            tools=template_tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **extra,
+        )
+    except jinja2.TemplateError as error:  # the template's raise_exception, or a variable of the wrong shape
+        raise PromptError(f"the chat template cannot render these messages: {error}") from None
     assert isinstance(text, str)
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _render_arguments(tokenizer: PreTrainedTokenizerBase) -> set[str]:
+    """Names apply_chat_template takes itself, plus `messages`, which it passes to the template."""
+    parameters = inspect.signature(tokenizer.apply_chat_template).parameters.values()
+    names = {parameter.name for parameter in parameters if parameter.kind is not inspect.Parameter.VAR_KEYWORD}
+    return names | {"messages"}
 
 
 def build_prompt(
@@ -54,6 +82,7 @@ def build_prompt(
     tools: list[dict[str, Any]] | None,
     eos_token_id: int,
     required_prefix_token_ids: Sequence[int] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Prompt ids for the next assistant turn: the template's rendering with earlier turns' exact tokens spliced in.
 
@@ -67,7 +96,7 @@ def build_prompt(
     (whitespace around tool-call tags, arguments re-serialized, reasoning dropped) cannot shift it. Everything
     after the cut (the closing EOS, tool results, the new generation prompt) comes from the template.
     """
-    full = render_tokens(tokenizer, messages, tools, add_generation_prompt=True)
+    full = render_tokens(tokenizer, messages, tools, add_generation_prompt=True, template_kwargs=template_kwargs)
     prefix = list(required_prefix_token_ids) if required_prefix_token_ids is not None else None
     carriers = [index for index, message in enumerate(messages) if message.has_tokens]
     if prefix is None and carriers:
@@ -79,7 +108,8 @@ def build_prompt(
     assistants = [index for index, message in enumerate(messages) if message.role == "assistant"]
     if not assistants:
         raise PromptError("required_prefix_token_ids is set but the conversation has no assistant message")
-    partial = render_tokens(tokenizer, messages[: assistants[-1] + 1], tools, add_generation_prompt=False)
+    history = messages[: assistants[-1] + 1]
+    partial = render_tokens(tokenizer, history, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
     num_eos = partial.count(eos_token_id)
     eos_positions = [position for position, token in enumerate(full) if token == eos_token_id]
     if num_eos == 0 or len(eos_positions) < num_eos:

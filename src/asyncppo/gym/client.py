@@ -25,6 +25,7 @@ import httpx
 import yaml
 
 from asyncppo.config.runtime import SamplingProfile
+from asyncppo.gym.auth import bearer_headers
 from asyncppo.gym.results import quote, trajectory_from_result
 from asyncppo.types import Trajectory
 
@@ -75,7 +76,9 @@ class GymClient:
         train_sampling: SamplingProfile,
         validation_sampling: SamplingProfile,
         max_output_tokens: int,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key` (env.gym.api_key) is sent as `Authorization: Bearer <key>` to the head and the agents."""
         if (agent_urls is None) == (head_server_url is None):
             raise ValueError("GymClient: give exactly one of agent_urls and head_server_url")
         if max_concurrency < 1 or rollout_deadline_s <= 0 or max_retries < 0 or backoff_s < 0 or max_output_tokens < 1:
@@ -95,7 +98,9 @@ class GymClient:
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._resolve_lock = asyncio.Lock()
         # No transport timeout: a rollout legitimately holds one request for minutes; the deadline bounds it.
-        self._http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=max_concurrency))
+        self._http = httpx.AsyncClient(
+            timeout=None, limits=httpx.Limits(max_connections=max_concurrency), headers=bearer_headers(api_key)
+        )
         self._counters: Counter[str] = Counter()
 
     async def __aenter__(self) -> "GymClient":

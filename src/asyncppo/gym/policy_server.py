@@ -1,7 +1,8 @@
 """The policy HTTP server: an OpenAI-compatible FastAPI app in front of a Generator, plus a uvicorn runner.
 
 Gym agents (through Gym's `vllm_model`) call it for every model turn; the trainer or `asyncppo gym serve`
-starts it. Contract: docs/gym-protocol.md, sections Policy server and Sampling and error bodies.
+starts it. Contract: docs/gym-protocol.md, sections Policy server and Sampling and error bodies. Every POST body
+is parsed strictly (`request_body.parse_body`), so malformed or hostile input is a 4xx naming the field.
 
     POST /v1/chat/completions --> check sampling profile --> ChatEngine.complete:
          build_prompt (prefix splice) --> Generator.submit --> parse_generation
@@ -16,18 +17,20 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 import uvicorn
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 from transformers import PreTrainedTokenizerBase
 
 from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GeneratorClosedError, SamplingParams
 from asyncppo.generation.protocol import Generator as GeneratorProtocol
+from asyncppo.gym.auth import require_api_key
 from asyncppo.gym.chat_prompt import PromptError, build_prompt, parse_generation, render_tokens
 from asyncppo.gym.protocol import (
     OFF_POLICY_KNOBS,
@@ -41,6 +44,7 @@ from asyncppo.gym.protocol import (
     TokenizeResponse,
     Usage,
 )
+from asyncppo.gym.request_body import RequestError, error_response, parse_body
 from asyncppo.gym.responses import (
     ResponsesInputError,
     ResponsesRequest,
@@ -53,20 +57,6 @@ from asyncppo.gym.responses import (
 
 LOGPROB_FLOOR = -9999.0
 """Logprobs below this (and -inf) are reported as it, so the JSON never carries -Infinity."""
-
-
-class RequestError(Exception):
-    """A request the server refuses; answered as an OpenAI error body with `status`."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _error_response(status: int, message: str) -> JSONResponse:
-    error_type = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": error_type, "code": status}}, status_code=status)
 
 
 def check_sampling(request: SamplingKnobs, train: SamplingProfile, validation: SamplingProfile) -> None:
@@ -126,13 +116,16 @@ class ChatEngine:
         profile: SamplingProfile,
         limits: Mapping[str, int | None],
         required_prefix_token_ids: Sequence[int] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> Choice:
         """Splice the prompt, generate under a checked `profile`, parse the text; RequestError on a refusal.
 
         Awaits the Generator's future, so concurrent requests queue together and share the engine's batches.
         """
         try:
-            prompt = build_prompt(self._tokenizer, messages, tools, self._eos_token_id, required_prefix_token_ids)
+            prompt = build_prompt(
+                self._tokenizer, messages, tools, self._eos_token_id, required_prefix_token_ids, template_kwargs
+            )
         except PromptError as error:
             raise RequestError(400, str(error)) from error
         budget = output_budget(limits, len(prompt), self._max_model_len)
@@ -185,15 +178,13 @@ def create_policy_app(
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, error: RequestError) -> JSONResponse:
-        return _error_response(error.status, error.message)
+        return error_response(error.status, error.message, error.param)
 
-    @app.middleware("http")
-    async def _check_api_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return _error_response(401, "missing or wrong API key (send Authorization: Bearer <key>)")
-        return await call_next(request)
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, error: HTTPException) -> JSONResponse:  # unknown route, wrong method
+        return error_response(error.status_code, str(error.detail))
+
+    require_api_key(app, api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -205,9 +196,10 @@ def create_policy_app(
         return {"object": "list", "data": [card]}
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(request: Request) -> TokenizeResponse:
+        body = parse_body(TokenizeRequest, await request.body())
         if body.messages is not None:
-            tokens = render_tokens(tokenizer, body.messages, body.tools, body.add_generation_prompt)
+            tokens = tokenize_chat(tokenizer, body, eos_token_id)
         else:
             assert body.prompt is not None
             tokens = list(tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
@@ -218,7 +210,8 @@ def create_policy_app(
             raise RequestError(404, f"model {requested!r} is not served here; this server serves {model_name!r}")
 
     @app.post("/v1/chat/completions", response_model_exclude_none=True)
-    async def chat_completions(body: ChatCompletionRequest) -> ChatCompletionResponse:
+    async def chat_completions(request: Request) -> ChatCompletionResponse:
+        body = parse_body(ChatCompletionRequest, await request.body())
         check_model(body.model)
         check_sampling(body, train_sampling, validation_sampling)
         assert body.temperature is not None and body.top_p is not None  # check_sampling requires both
@@ -228,6 +221,7 @@ def create_policy_app(
             profile=SamplingProfile(body.temperature, body.top_p),
             limits={"max_tokens": body.max_tokens, "max_completion_tokens": body.max_completion_tokens},
             required_prefix_token_ids=body.required_prefix_token_ids,
+            template_kwargs=body.chat_template_kwargs,
         )
         num_prompt = len(choice.message.prompt_token_ids or [])
         num_output = len(choice.message.generation_token_ids or [])
@@ -240,7 +234,8 @@ def create_policy_app(
         )
 
     @app.post("/v1/responses", response_model_exclude_none=True)
-    async def responses(body: ResponsesRequest) -> ResponsesResponse:
+    async def responses(request: Request) -> ResponsesResponse:
+        body = parse_body(ResponsesRequest, await request.body())
         check_model(body.model)
         check_sampling(body, train_sampling, validation_sampling)
         assert body.temperature is not None and body.top_p is not None  # check_sampling requires both
@@ -258,6 +253,26 @@ def create_policy_app(
         return build_response(body, choice, model_name)
 
     return app
+
+
+def tokenize_chat(tokenizer: PreTrainedTokenizerBase, body: TokenizeRequest, eos_token_id: int) -> list[int]:
+    """The chat form's ids: with `required_prefix_token_ids`, the prompt a chat completion of the same messages
+    would be given (the prefix splice, which starts with those ids); otherwise the template's rendering."""
+    assert body.messages is not None
+    try:
+        if body.required_prefix_token_ids is None:
+            return render_tokens(
+                tokenizer, body.messages, body.tools, body.add_generation_prompt, body.chat_template_kwargs
+            )
+        prefix = body.required_prefix_token_ids
+        tokens = build_prompt(tokenizer, body.messages, body.tools, eos_token_id, prefix, body.chat_template_kwargs)
+    except PromptError as error:
+        raise RequestError(400, str(error)) from error
+    if tokens[: len(prefix)] != prefix:  # the splice guarantees it; checked because the caller relies on it
+        raise RequestError(
+            400, f"required_prefix_token_ids: the rendered prompt does not start with them, got {tokens[:16]}..."
+        )
+    return tokens
 
 
 def _floored(logprob: float) -> float:

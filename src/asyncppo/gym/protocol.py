@@ -12,7 +12,8 @@ Unknown fields, per model:
 - ChatCompletionResponse and its parts: accepted and ignored, because we also read responses of other servers
   (vLLM adds `stop_reason`, `logprobs`, `system_fingerprint`, ...).
 - TokenizeRequest: forbidden (422). Every tokenize option changes the returned ids (`continue_final_message`,
-  `add_special_tokens`, ...), so an ignored one would silently return the wrong tokens.
+  `add_special_tokens`, ...), so an ignored one would silently return the wrong tokens. The two that Gym's
+  fallback path sends, `chat_template_kwargs` and `required_prefix_token_ids`, are declared and honoured.
 """
 
 import time
@@ -131,6 +132,8 @@ class ChatCompletionRequest(SamplingKnobs):
     return_tokens_as_token_ids: bool = False
     required_prefix_token_ids: list[int] | None = None
     """Exact tokens the prompt must start with; by default the last token-carrying message's prompt + generation."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra variables for the chat template (e.g. `enable_thinking`), as vLLM takes them."""
 
 
 class ResponseMessage(TokenFields):
@@ -178,10 +181,15 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
     prompt: str | None = None
-    messages: list[RequestMessage] | None = None
+    messages: list[RequestMessage] | None = Field(None, min_length=1)
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     """Chat form only: end with the assistant header, as a chat completion prompt does."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Chat form only: extra variables for the chat template, as on chat completions."""
+    required_prefix_token_ids: list[int] | None = None
+    """Chat form only: the prompt is spliced onto these ids exactly as a chat completion's is (so the answer is
+    that completion's prompt), which needs add_generation_prompt."""
     add_special_tokens: bool = False
     """Prompt form only: let the tokenizer add its BOS/EOS (off, as the chat template adds its own)."""
 
@@ -189,6 +197,13 @@ class TokenizeRequest(BaseModel):
     def _one_form(self) -> "TokenizeRequest":
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of `prompt` and `messages`")
+        if self.prompt is not None and (self.chat_template_kwargs, self.required_prefix_token_ids) != (None, None):
+            raise ValueError("chat_template_kwargs and required_prefix_token_ids apply to the chat form (`messages`)")
+        if self.required_prefix_token_ids is not None and not self.add_generation_prompt:
+            raise ValueError(
+                "required_prefix_token_ids splices the prompt of the next assistant turn: it needs "
+                "add_generation_prompt=true"
+            )
         return self
 
 

@@ -8,6 +8,9 @@ Responses-API proxy in between) and returns the verify response in the shape `gy
             tool calls --> resources /<tool> (cookie C) --> tool messages
       until a turn calls no tool, stops on length, outgrows the context (the policy server's 400
       "context length": a graceful stop) or max_steps --> resources /verify(row + response, C)
+
+With `api_key` set, `/run` requires it (the agent spends the policy server's key on the caller's behalf) and the
+agent sends it to the policy and resources servers.
 """
 
 import itertools
@@ -22,6 +25,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
+from asyncppo.gym.auth import bearer_headers, require_api_key
 from asyncppo.gym.results import quote
 
 # Routes of the resources server itself, which a model-chosen tool name must never reach.
@@ -111,6 +115,9 @@ def create_simple_agent_app(
 ) -> FastAPI:
     """The agent app; every rollout uses `model_name` on a policy server and tools of `resources_url`.
 
+    `api_key` (when set) is required as `Authorization: Bearer <key>` on every route but GET /health, and sent to
+    the policy and resources servers, which require the same key.
+
     With several policy servers (one per generator worker) each rollout sticks to one of them, taken in turn,
     so its turns reach the same engine (Gym's sticky sessions) and the load spreads evenly.
     """
@@ -121,8 +128,9 @@ def create_simple_agent_app(
         raise ValueError("model_base_url: need at least one policy server URL")
     model_urls = itertools.cycle([chat_completions_url(url) for url in base_urls])
     resources_url = resources_url.rstrip("/")
-    model_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    auth = bearer_headers(api_key)
     app = FastAPI(title="asyncppo simple_agent")
+    require_api_key(app, api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -136,7 +144,7 @@ def create_simple_agent_app(
         except ValueError as error:
             return JSONResponse({"error": str(error)}, 422)
         # One client per rollout, no transport timeout: the caller's deadline bounds the rollout.
-        async with httpx.AsyncClient(timeout=None) as http:
+        async with httpx.AsyncClient(timeout=None, headers=auth) as http:
             try:
                 seed = await _post(http, f"{resources_url}/seed_session", row)
                 cookie = "; ".join(f"{name}={value}" for name, value in seed.cookies.items())
@@ -162,7 +170,7 @@ def create_simple_agent_app(
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         incomplete = None
         for _ in range(max_steps):
-            reply = await _post(http, model_url, request | {"messages": messages}, model_headers, CONTEXT_FULL)
+            reply = await _post(http, model_url, request | {"messages": messages}, tolerated_400=CONTEXT_FULL)
             if reply.status_code == 400:
                 # The conversation outgrew the context: a graceful stop, as Gym's model server makes it.
                 incomplete = {"reason": "max_output_tokens"}

@@ -1,7 +1,8 @@
 """The built-in head server (docs/gym-protocol.md, Head server): the address book GymClient reads to find agents.
 
 `servers/launch.py` builds the config with `gym_config` and serves it; `GET /global_config_dict_yaml` answers a
-JSON string holding the YAML text, which `gym/client.py` `agent_urls_from_config` parses.
+JSON string holding the YAML text, which `gym/client.py` `agent_urls_from_config` parses. With `api_key` set,
+every route but GET /health requires it (the config lists where every agent listens).
 """
 
 from collections.abc import Mapping
@@ -9,6 +10,8 @@ from typing import Any
 
 import yaml
 from fastapi import FastAPI
+
+from asyncppo.gym.auth import require_api_key
 
 POLICY_MODEL_NAME = "policy_model"
 """Instance name of the policy model in the config (Gym's convention)."""
@@ -40,9 +43,11 @@ def resources_instance_name(resources_name: str) -> str:
     return f"{resources_name}_resources_server"
 
 
-def create_head_app(config: Mapping[str, Any]) -> FastAPI:
-    """Serves `config` as it is at request time (the launcher fills in the head's own port after binding it)."""
+def create_head_app(config: Mapping[str, Any], api_key: str | None = None) -> FastAPI:
+    """Serves `config` as it is at request time (the launcher fills in the head's own port after binding it);
+    `api_key` (when set) is required as `Authorization: Bearer <key>` on every route but GET /health."""
     app = FastAPI(title="asyncppo gym head server")
+    require_api_key(app, api_key)
 
     @app.get("/")
     async def root() -> dict[str, str]:

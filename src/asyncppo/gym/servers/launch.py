@@ -5,6 +5,8 @@ uvicorn thread on a free 127.0.0.1 port (the PolicyServer runner, which works fo
 
     GymClient --GET config--> head --> {<env>_simple_agent: url}
     GymClient --POST /run--> <env>_simple_agent --> <env> resources server, policy server at model_base_url
+
+With `api_key` set, every server requires it on every route but GET /health, as the policy server does.
 """
 
 from collections.abc import Iterable, Sequence
@@ -68,13 +70,15 @@ def launch_builtin_gym(
     `model_base_url` is the policy server's OpenAI base URL (`http://host:port/v1`) or root, or a list of them
     (one per generator worker; agents spread rollouts over them); `resources` names
     built-in environments (see `resources.RESOURCES_APPS`), one agent each, named by `agent_instance_name`.
+    `api_key` (env.gym.api_key): the bearer key the policy server checks; head, agents and resources servers
+    require it too, and the agents send it on.
     """
     if not resources or len(set(resources)) != len(resources):
         raise ValueError(f"resources must name distinct built-in environments, got {list(resources)}")
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     # Sockets are bound at construction, so every port is known before any app (the head's config) is built.
-    resources_servers = {name: PolicyServer(create_resources_app(name), host=HOST) for name in resources}
+    resources_servers = {name: PolicyServer(create_resources_app(name, api_key), host=HOST) for name in resources}
     agents = {
         agent_instance_name(name): PolicyServer(
             create_simple_agent_app(
@@ -90,7 +94,7 @@ def launch_builtin_gym(
         agents={agent_instance_name(name): (name, HOST, agents[agent_instance_name(name)].port) for name in resources},
         model_base_url=model_base_url if isinstance(model_base_url, str) else list(model_base_url),
     )
-    head = PolicyServer(create_head_app(config), host=HOST)
+    head = PolicyServer(create_head_app(config, api_key), host=HOST)
     config["head_server"]["port"] = head.port  # known only once the head's socket is bound
     gym = BuiltinGym(head, agents, resources_servers)
     try:

@@ -4,7 +4,8 @@ Contract: docs/gym-protocol.md, Resources servers.
 
 Each serves `POST /seed_session` (answers `{}` and sets the session cookie), `POST /verify` (echoes the request
 and adds `reward`) and one `POST /<tool_name>` per tool. The simple agent (`servers/agent.py`) calls them;
-`servers/launch.py` runs them. Verify ends the session: its state is dropped once the reward is known.
+`servers/launch.py` runs them. Verify ends the session: its state is dropped once the reward is known. With
+`api_key` set, every route but GET /health requires it.
 """
 
 import re
@@ -15,6 +16,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+
+from asyncppo.gym.auth import require_api_key
 
 SESSION_COOKIE = "asyncppo_session"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -297,8 +300,11 @@ RESOURCES_APPS: dict[str, Callable[[], FastAPI]] = {
 }
 
 
-def create_resources_app(name: str) -> FastAPI:
-    """The built-in resources server called `name` (one of RESOURCES_APPS)."""
+def create_resources_app(name: str, api_key: str | None = None) -> FastAPI:
+    """The built-in resources server called `name` (one of RESOURCES_APPS); `api_key` (when set) is required as
+    `Authorization: Bearer <key>` on every route but GET /health."""
     if name not in RESOURCES_APPS:
         raise ValueError(f"unknown built-in resources server {name!r}; expected one of {sorted(RESOURCES_APPS)}")
-    return RESOURCES_APPS[name]()
+    app = RESOURCES_APPS[name]()
+    require_api_key(app, api_key)
+    return app
