@@ -1,6 +1,6 @@
 """Which TCP sockets a process tree listens on, read from /proc (Linux): for the loopback-only tests.
 
-    /proc/<pid>/fd/* -> socket:[inode] --matched against--> /proc/<pid>/net/tcp{,6} rows in state LISTEN (0A)
+/proc/<pid>/fd/* -> socket:[inode] --matched against--> /proc/<pid>/net/tcp{,6} rows in state LISTEN (0A)
 """
 
 import ipaddress

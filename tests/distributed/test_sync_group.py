@@ -5,7 +5,6 @@ import os
 import time
 
 import pytest
-from listening_sockets import listeners
 from sync_peer import Peer, make_model
 
 from asyncppo.distributed.process_group import (
@@ -16,6 +15,7 @@ from asyncppo.distributed.process_group import (
     open_sync_group,
 )
 from asyncppo.distributed.weight_sync import WeightSender, param_specs
+from listening_sockets import listeners
 
 pytestmark = pytest.mark.integration
 

@@ -191,9 +191,7 @@ def _connect_store(spec: SyncGroupSpec, rank: int, deadline: float) -> TCPStore:
         if rank != 0:
             return TCPStore(spec.host, spec.port, None, False, timeout, wait_for_workers=False)
         listen_fd = _listening_socket(spec.host, spec.port).detach()  # the store owns (and closes) the fd
-        return TCPStore(
-            spec.host, spec.port, None, True, timeout, wait_for_workers=False, master_listen_fd=listen_fd
-        )
+        return TCPStore(spec.host, spec.port, None, True, timeout, wait_for_workers=False, master_listen_fd=listen_fd)
     except (RuntimeError, OSError) as error:  # DistStoreError is a RuntimeError; timeouts are OSError
         message = f"weight sync rank {rank} could not {role} {where} within {spec.timeout_s:g} s: {_first_line(error)}"
         raise WeightSyncError(message) from error
