@@ -21,7 +21,10 @@ class Listener:
 
     @property
     def is_loopback(self) -> bool:
-        return ipaddress.ip_address(self.address).is_loopback
+        address = ipaddress.ip_address(self.address)
+        # An IPv6 socket bound to ::ffff:127.0.0.1 serves IPv4 loopback; Python 3.11 does not count it as loopback.
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        return (mapped or address).is_loopback
 
 
 def process_tree(root_pid: int) -> list[int]:
