@@ -1,13 +1,21 @@
 """Opening and breaking the sync group: absent participants and a generator that dies mid-push end in a
 WeightSyncError naming who and what, within the timeout plus a margin, never a hang."""
 
+import os
 import time
 
 import pytest
 from sync_peer import Peer, make_model
 
-from asyncppo.distributed.process_group import SyncGroupSpec, WeightSyncError, free_port, open_sync_group
+from asyncppo.distributed.process_group import (
+    SyncGroupSpec,
+    WeightSyncError,
+    _connect_store,  # pyright: ignore[reportPrivateUsage]  -- the store alone, without peers to join it
+    free_port,
+    open_sync_group,
+)
 from asyncppo.distributed.weight_sync import WeightSender, param_specs
+from listening_sockets import listeners
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +33,17 @@ def test_the_trainer_gives_up_after_the_timeout_naming_the_missing_ranks() -> No
     with pytest.raises(WeightSyncError, match=r"rank 0: .* waited 1 s for 3 ranks; joined \[0\], missing \[1, 2\]"):
         open_sync_group(spec, rank=0)
     assert 1.0 <= time.monotonic() - started < 1.0 + MARGIN_S
+
+
+def test_the_store_listens_on_the_spec_host_only() -> None:
+    # Unauthenticated: torch's default server would listen on every interface (`[::]:port`).
+    spec = _spec(world_size=2, timeout_s=5.0)
+    store = _connect_store(spec, rank=0, deadline=time.monotonic() + spec.timeout_s)
+    try:
+        on_port = [listener.address for listener in listeners([os.getpid()]) if listener.port == spec.port]
+        assert on_port == ["127.0.0.1"]
+    finally:
+        del store
 
 
 def test_a_generator_without_a_trainer_gives_up_after_the_timeout() -> None:

@@ -8,12 +8,15 @@ mask is 1 exactly on 5 6 7 10 11.
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from asyncppo.gym.results import trajectory_from_result
+from asyncppo.gym.results import InvalidResultError, trajectory_from_result
 from asyncppo.types import MessageSpan
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -118,8 +121,123 @@ def test_items_with_empty_generations_are_skipped() -> None:
     assert convert(result).token_ids == list(range(1, 12))
 
 
-def test_nan_logprobs_raise() -> None:
-    result = load("run_result_two_turn_tool_call.json")
-    result["response"]["output"][1]["generation_log_probs"][1] = float("nan")
-    with pytest.raises(ValueError, match="turn 0 has NaN"):
+# Python's json reads NaN, Infinity and 1e309 (inf) as floats, so an agent's body can carry each of them.
+@pytest.mark.parametrize("literal", ["NaN", "1e309", "-Infinity", "1" + "0" * 400])
+def test_a_non_finite_reward_is_an_invalid_result_naming_agent_row_and_value(literal: str) -> None:
+    text = (FIXTURES / "run_result_two_turn_tool_call.json").read_text()
+    result = json.loads(text.replace('"reward": 1.0', f'"reward": {literal}'))
+    del result["reward_components"]
+    with pytest.raises(InvalidResultError, match=r"`reward` is .*, expected a finite number") as raised:
         convert(result)
+    assert "agent 'synonym_agent', prompt group 7 sample 2" in str(raised.value)
+    assert '"_rowidx": 3' in str(raised.value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_logprob_is_an_invalid_result(value: float) -> None:
+    result = load("run_result_two_turn_tool_call.json")
+    result["response"]["output"][1]["generation_log_probs"][1] = value
+    with pytest.raises(InvalidResultError, match=rf"turn 0: generation_log_probs holds {value}, expected finite"):
+        convert(result)
+
+
+def test_a_non_finite_reward_component_is_an_invalid_result() -> None:
+    result = load("run_result_two_turn_tool_call.json")
+    result["reward_components"]["format"] = float("nan")
+    with pytest.raises(InvalidResultError, match=r"`reward_components.format` is NaN, expected a finite number"):
+        convert(result)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r.pop("reward"), r"`reward` must be a number, got null"),
+        (lambda r: r.update(reward="1.0"), r"`reward` must be a number, got 1\.0"),
+        (lambda r: r.update(reward=True), r"`reward` must be a number, got true"),
+        (
+            lambda r: r["response"]["output"][1].update(generation_token_ids=["5", 6, 7]),
+            r"turn 0: generation_token_ids\.0",
+        ),
+        (lambda r: r["response"]["output"][1].update(generation_token_ids=[5, -6, 7]), r"negative token id"),
+        (lambda r: r["response"]["output"][1].pop("prompt_token_ids"), r"must be given together"),
+        (lambda r: r["response"]["output"][1].update(generation_log_probs="-0.1"), r"generation_log_probs"),
+        (lambda r: r["response"].update(output={"items": []}), r"no response\.output list"),
+        (lambda r: r["response"]["output"].append([1, 2]), r"output item is not an object"),
+        (lambda r: r["instance_config"].update(mask_sample="no"), r"mask_sample` must be true or false"),
+    ],
+)
+def test_missing_and_mistyped_fields_are_invalid_results_naming_the_field(change: Any, message: str) -> None:
+    result = load("run_result_two_turn_tool_call.json")
+    change(result)
+    with pytest.raises(InvalidResultError, match=message):
+        convert(result)
+
+
+def test_a_row_without_agent_ref_names_the_default_agent() -> None:
+    result = load("run_result_two_turn_tool_call.json")
+    result["reward"] = float("nan")
+    row = {key: value for key, value in ROW.items() if key != "agent_ref"}
+    with pytest.raises(InvalidResultError, match=r"the default agent \(the row has no agent_ref\.name\)"):
+        trajectory_from_result(result, row=row, group_id=0, sample_index=0, policy_version=0)
+
+
+# Property (150 examples, a few seconds): any JSON, in particular the valid result with fields replaced, deleted
+# or nested one level deeper, gives either a trajectory a step can use or an InvalidResultError, nothing else.
+JSON_LEAVES = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4)
+JSON_VALUES = st.recursive(
+    JSON_LEAVES,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every key path inside `value` (dict keys and list indices)."""
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    found = []
+    for key, child in children:
+        found.append((*prefix, key))
+        found.extend(_paths(child, (*prefix, key)))
+    return found
+
+
+@st.composite
+def mutated_results(draw: st.DrawFn) -> Any:
+    result: Any = load("run_result_two_turn_tool_call.json")
+    for _ in range(draw(st.integers(1, 3))):
+        paths = _paths(result)
+        if not paths:
+            break
+        *parent_path, key = draw(st.sampled_from(paths))
+        parent = result
+        for part in parent_path:
+            parent = parent[part]
+        action = draw(st.sampled_from(["replace", "delete", "nest in a list", "nest in an object"]))
+        if action == "replace":
+            parent[key] = draw(JSON_VALUES)
+        elif action == "delete":
+            del parent[key]
+        elif action == "nest in a list":
+            parent[key] = [parent[key]]
+        else:
+            parent[key] = {"value": parent[key]}
+    return result
+
+
+def _assert_usable(trajectory: Any) -> None:
+    assert math.isfinite(trajectory.reward)
+    assert len(trajectory.token_ids) == len(trajectory.loss_mask) == len(trajectory.generation_logprobs)
+    assert all(type(token) is int and token >= 0 for token in trajectory.token_ids)
+    assert all(math.isfinite(value) for value in trajectory.generation_logprobs)
+    assert all(math.isfinite(value) for value in trajectory.reward_components.values())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(result=mutated_results() | JSON_VALUES)
+def test_any_result_json_becomes_a_usable_trajectory_or_an_invalid_result(result: Any) -> None:
+    try:
+        trajectory = convert(result)
+    except InvalidResultError as error:
+        assert "agent 'synonym_agent', prompt group 7 sample 2" in str(error)
+        return
+    _assert_usable(trajectory)

@@ -2,18 +2,23 @@
 event loop, against the built-in math gym and a real PolicyServer whose generator answers with fixed text."""
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
 from transformers import PreTrainedTokenizerBase
 
 from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig, SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.gym.client import AgentConnectionError
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.gym.results import InvalidResultError
 from asyncppo.gym.runner import GymClientSettings, GymRolloutRunner
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.tiny import EOS_TOKEN_ID
@@ -51,11 +56,46 @@ def gym(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple[BuiltinGym, Answer
         yield builtin, answers
 
 
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def nan_agent() -> Iterator[str]:
+    """An agent whose every `/run` answers the two-turn fixture with `"reward": NaN` (Python's json reads it)."""
+    result = (FIXTURES / "run_result_two_turn_tool_call.json").read_text()
+    body = json.dumps({**json.loads(result), "reward": float("nan"), "reward_components": None}).encode()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, interface="asgi3", log_level="critical", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "the NaN agent did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(timeout=5)
+    listener.close()
+
+
 def make_runner(
-    head_url: str, version: list[int], penalties: RewardPenaltiesConfig | None = None, results_log: Path | None = None
+    head_url: str | None,
+    version: list[int],
+    penalties: RewardPenaltiesConfig | None = None,
+    results_log: Path | None = None,
+    agent_urls: dict[str, str] | None = None,
 ) -> GymRolloutRunner:
     settings = GymClientSettings(
-        agent_urls=None,
+        agent_urls=agent_urls,
         head_server_url=head_url,
         limits=GymConfig(max_concurrency=8, rollout_deadline_s=30, max_retries=0, backoff_s=0.0),
         train_sampling=SamplingProfile(1.0, 1.0),
@@ -146,3 +186,18 @@ def test_penalties_zero_rewards_and_every_raw_result_is_logged(gym, tokenizer, t
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert sorted((r["group_id"], r["sample_index"]) for r in records) == [(4, 0), (4, 1)]
     assert all(r["result"]["reward"] == 1.0 for r in records)  # the log keeps what the environment said
+
+
+@pytest.mark.integration
+def test_a_nan_reward_is_a_failed_group_naming_the_agent_and_row_and_counted(nan_agent):
+    runner = make_runner(None, [0], agent_urls={"nan_agent": nan_agent})
+    try:
+        good_row = row("12", agent="nan_agent")
+        (outcome,) = runner.run_groups([good_row], [9], 2, False)
+        assert isinstance(outcome, InvalidResultError)
+        assert "agent 'nan_agent', prompt group 9 sample " in str(outcome)
+        assert '"expected_answer": "12"' in str(outcome) and "`reward` is NaN, expected a finite number" in str(outcome)
+        metrics = runner.metrics()
+        assert metrics["gym/failed_groups"] == 1 and metrics["gym/invalid_results"] == 1
+    finally:
+        runner.close()

@@ -1,11 +1,16 @@
 """Reward functions on hand cases, and resolving them from a config string."""
 
+import math
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
 from asyncppo.rollout import rewards
 from asyncppo.rollout.rewards import (
+    RewardFunctionError,
+    checked_reward,
     exact_match_reward,
     last_boxed_content,
     load_reward_function,
@@ -115,3 +120,29 @@ def test_builtin_and_module_reward_functions_resolve_by_name() -> None:
 def test_unresolvable_reward_specs_are_value_errors(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_reward_function(spec)
+
+
+def _nan_reward(response_text: str, row: Mapping[str, Any]) -> float:
+    return float("nan")
+
+
+@pytest.mark.parametrize("returned", [float("nan"), float("inf"), -math.inf, 10**400, None, "1.0x"])
+def test_a_reward_that_is_not_a_finite_number_names_the_function_and_the_row(returned: object) -> None:
+    def reward_fn(response_text: str, row: Mapping[str, Any]) -> object:
+        return returned
+
+    with pytest.raises(
+        RewardFunctionError, match=r"reward function .*reward_fn returned .* for row 2, expected a finite"
+    ):
+        checked_reward(reward_fn, "text", {"answer": "4", "id": "q7"}, "row 2")  # pyright: ignore[reportArgumentType]
+
+
+def test_a_reward_error_quotes_the_row_and_the_module_path() -> None:
+    with pytest.raises(RewardFunctionError) as raised:
+        checked_reward(_nan_reward, "text", {"answer": "4", "id": "q7"}, "row 0 (prompt group 3, sample 1)")
+    assert f"{__name__}._nan_reward returned nan for row 0 (prompt group 3, sample 1)" in str(raised.value)
+    assert "'id': 'q7'" in str(raised.value)
+
+
+def test_a_finite_reward_passes_through_as_a_float() -> None:
+    assert checked_reward(lambda text, row: 1, "text", {}, "row 0") == 1.0

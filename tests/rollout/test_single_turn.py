@@ -13,7 +13,7 @@ from asyncppo.generation.protocol import SamplingParams
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 from asyncppo.models.tokenizer import load_tokenizer
-from asyncppo.rollout.rewards import exact_match_reward
+from asyncppo.rollout.rewards import RewardFunctionError, exact_match_reward
 from asyncppo.rollout.single_turn import render_prompt, run_single_turn_rollouts
 from asyncppo.types import MessageSpan, Trajectory, collate_trajectories
 
@@ -174,3 +174,15 @@ def test_truncated_follows_the_finish_reason(engine: HFGenerator, tokenizer: Pre
         stopped = trajectory.token_ids[-1] == tokenizer.eos_token_id
         assert trajectory.truncated == (not stopped)
         assert trajectory.num_generated_tokens == 2 or stopped
+
+
+def test_a_nan_reward_fails_the_rollout_naming_the_reward_function_and_the_row(
+    engine: HFGenerator, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    def flaky_reward(text: str, row: Mapping[str, Any]) -> float:
+        return float("nan") if row["id"] == "b" else 1.0
+
+    with pytest.raises(
+        RewardFunctionError, match=r"flaky_reward returned nan for row 1 \(prompt group 101, sample 0\)"
+    ):
+        rollouts(engine, tokenizer, ROWS, reward_fn=flaky_reward)

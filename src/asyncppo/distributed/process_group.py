@@ -7,6 +7,8 @@ own training group beside it. `weight_sync.py` runs its broadcasts through `Sync
     trainer, rank 0 --hosts--> TCPStore(host:port) <--joins-- generators, ranks 1..N
           |                        | PrefixStore("asyncppo/weight_sync")
           +-------- gloo (CPU) | nccl (CUDA) backend object, every wait bounded by timeout_s --------+
+
+The store is unauthenticated, so rank 0 listens on `host` only (127.0.0.1 locally), never on every interface.
 """
 
 import datetime
@@ -25,6 +27,8 @@ from torch.distributed import AllreduceOptions, BroadcastOptions, PrefixStore, P
 SyncBackend = Literal["gloo", "nccl"]
 _STORE_PREFIX = "asyncppo/weight_sync"
 _JOIN_POLL_S = 0.02
+# Pending connections the store's socket queues: every generator rank connects at once, and each opens several.
+_LISTEN_BACKLOG = 128
 
 
 class WeightSyncError(RuntimeError):
@@ -36,7 +40,8 @@ class SyncGroupSpec:
     """Where and how the sync group meets; the driver builds one and hands it to every participant."""
 
     host: str
-    """Address of rank 0 (the trainer), which hosts the TCPStore; 127.0.0.1 when everything is local."""
+    """Address of rank 0 (the trainer), which hosts the TCPStore and listens on this address only; 127.0.0.1 when
+    everything is local."""
     port: int
     """A free TCP port on `host`, chosen by the driver (`free_port`)."""
     world_size: int
@@ -183,10 +188,27 @@ def _connect_store(spec: SyncGroupSpec, rank: int, deadline: float) -> TCPStore:
             _wait_for_listener(spec.host, spec.port, deadline)
         timeout = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.1))
         # wait_for_workers=False: the join below waits instead, so it can say which ranks are missing.
-        return TCPStore(spec.host, spec.port, None, rank == 0, timeout, wait_for_workers=False)
+        if rank != 0:
+            return TCPStore(spec.host, spec.port, None, False, timeout, wait_for_workers=False)
+        listen_fd = _listening_socket(spec.host, spec.port).detach()  # the store owns (and closes) the fd
+        return TCPStore(spec.host, spec.port, None, True, timeout, wait_for_workers=False, master_listen_fd=listen_fd)
     except (RuntimeError, OSError) as error:  # DistStoreError is a RuntimeError; timeouts are OSError
         message = f"weight sync rank {rank} could not {role} {where} within {spec.timeout_s:g} s: {_first_line(error)}"
         raise WeightSyncError(message) from error
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on `host`:`port` only: torch's store server, left to itself, binds every interface."""
+    family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, protocol)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(_LISTEN_BACKLOG)
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
 
 def _wait_for_listener(host: str, port: int, deadline: float) -> None:

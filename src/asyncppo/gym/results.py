@@ -9,12 +9,18 @@ and its generation follows (loss mask 1, with its logprobs):
 
     history:  [ prompt_0 | gen_0 | delta_1 | gen_1 | ... | delta_K-1 | gen_K-1 ]
     roles:       user    asst   tool/user  asst          tool/user    asst
+
+A result that cannot become a trajectory (malformed, mistyped or missing fields, a non-finite reward or logprob)
+raises InvalidResultError naming the agent, the prompt group and sample, and the field: the runner then counts
+the group as failed and the batch source replaces it, instead of a NaN reaching the advantages.
 """
 
 import json
 import math
 from collections.abc import Mapping
 from typing import Any
+
+from pydantic import ValidationError
 
 from asyncppo.gym.protocol import TokenFields
 from asyncppo.types import MessageSpan, Role, Trajectory
@@ -23,8 +29,14 @@ from asyncppo.types import MessageSpan, Role, Trajectory
 NON_TASK_FIELDS = frozenset({"responses_create_params", "agent_ref"})
 # How much of an unusable result an error message quotes.
 QUOTE_CHARS = 200
+# How much of the row an error message quotes to name it.
+ROW_QUOTE_CHARS = 120
 # Tolerance of the check that the named reward components add up to the reward.
 REWARD_SUM_TOLERANCE = 1e-6
+
+
+class InvalidResultError(ValueError):
+    """A `/run` result that cannot become a trajectory; the message names the agent, the row and the field."""
 
 
 def quote(value: object, num_chars: int = QUOTE_CHARS) -> str:
@@ -37,15 +49,35 @@ def quote(value: object, num_chars: int = QUOTE_CHARS) -> str:
 
 
 def trajectory_from_result(
-    result: Mapping[str, Any], *, row: Mapping[str, Any], group_id: int, sample_index: int, policy_version: int
+    result: object, *, row: Mapping[str, Any], group_id: int, sample_index: int, policy_version: int
 ) -> Trajectory:
     """Convert one `/run` result; `row` is the caller's own copy of the dataset row (results need not echo it).
 
-    Raises ValueError when the result has no model call with generated tokens (the agent died before its
-    first model request, or the first prompt overflowed the context), when a turn's prompt does not start
-    with the history so far (re-tokenisation drift, docs/gym-protocol.md, Multi-turn token exactness), or when a
-    field is malformed.
+    Raises InvalidResultError (a ValueError) when the result has no model call with generated tokens (the agent
+    died before its first model request, or the first prompt overflowed the context), when a turn's prompt does
+    not start with the history so far (re-tokenisation drift, docs/gym-protocol.md, Multi-turn token exactness),
+    or when a field is missing, mistyped or not finite.
     """
+    try:
+        if not isinstance(result, Mapping):
+            raise ValueError(f"gym result is not a JSON object: {quote(result)}")
+        return _convert(result, row, group_id, sample_index, policy_version)
+    except ValueError as error:
+        raise InvalidResultError(f"{_origin(row, group_id, sample_index)}: {error}") from error
+
+
+def _origin(row: Mapping[str, Any], group_id: int, sample_index: int) -> str:
+    """Which agent and which row a result came from, for error messages."""
+    agent_ref = row.get("agent_ref")
+    name = agent_ref.get("name") if isinstance(agent_ref, Mapping) else None
+    agent = f"agent {name!r}" if isinstance(name, str) else "the default agent (the row has no agent_ref.name)"
+    task = {key: value for key, value in row.items() if key not in NON_TASK_FIELDS}
+    return f"{agent}, prompt group {group_id} sample {sample_index} (row {quote(task, ROW_QUOTE_CHARS)})"
+
+
+def _convert(
+    result: Mapping[str, Any], row: Mapping[str, Any], group_id: int, sample_index: int, policy_version: int
+) -> Trajectory:
     response = result.get("response")
     if not isinstance(response, Mapping) or not isinstance(response.get("output"), list):
         raise ValueError(f"gym result has no response.output list; result starts: {quote(result)}")
@@ -62,9 +94,9 @@ def trajectory_from_result(
             raise ValueError(f"gym result: output item is not an object: {quote(item)}")
         if item.get("type") == "function_call_output":
             saw_tool_output = True
-        if not item.get("generation_token_ids"):
+        if item.get("generation_token_ids") in (None, []):
             continue  # tool outputs, token-less reasoning, empty generations: nothing the policy sampled
-        fields = TokenFields.model_validate(item)
+        fields = _token_fields(item, turn)
         assert fields.prompt_token_ids is not None and fields.generation_token_ids is not None
         assert fields.generation_log_probs is not None
         prompt = fields.prompt_token_ids
@@ -75,8 +107,6 @@ def trajectory_from_result(
                 f"(length {len(prompt)}) differ from the {len(token_ids)} history tokens at position {mismatch} "
                 "(re-tokenisation drift; the policy server must splice required_prefix_token_ids)"
             )
-        if any(math.isnan(value) for value in fields.generation_log_probs):
-            raise ValueError(f"gym result: turn {turn} has NaN generation_log_probs")
         delta = prompt[len(token_ids) :]
         if turn == 0:
             prompt_length = len(delta)
@@ -115,6 +145,29 @@ def trajectory_from_result(
     )
 
 
+def _token_fields(item: Mapping[str, Any], turn: int) -> TokenFields:
+    """The item's token bundle, typed strictly ("1" is not a token id), ids >= 0 and logprobs finite."""
+    try:
+        fields = TokenFields.model_validate(item, strict=True)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the item"
+        raise ValueError(
+            f"gym result: turn {turn}: {where}: {first['msg']} ({error.error_count()} problem(s)); "
+            f"got {quote(first.get('input'), 80)}"
+        ) from None
+    for key in ("prompt_token_ids", "generation_token_ids"):
+        ids: list[int] = getattr(fields, key)
+        if any(token < 0 for token in ids):
+            raise ValueError(f"gym result: turn {turn}: {key} holds a negative token id: {quote(ids, 80)}")
+    logprobs = fields.generation_log_probs
+    assert logprobs is not None, "validated together with the ids"
+    bad = next((value for value in logprobs if not math.isfinite(value)), None)
+    if bad is not None:
+        raise ValueError(f"gym result: turn {turn}: generation_log_probs holds {bad}, expected finite numbers")
+    return fields
+
+
 def _first_mismatch(history: list[int], prompt: list[int]) -> int | None:
     """First position where `prompt` fails to continue `history` (len(prompt) when it is too short), else None."""
     for position, token in enumerate(history):
@@ -142,7 +195,13 @@ def _append(
 def _number(value: object, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"gym result: `{key}` must be a number, got {quote(value)}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"gym result: `{key}` is {quote(value, 40)}, expected a finite number")
+    return number
 
 
 def _is_truncated(
@@ -154,7 +213,7 @@ def _is_truncated(
     for source in (result, row):
         params = source.get("responses_create_params")
         limit = params.get("max_output_tokens") if isinstance(params, Mapping) else None
-        if isinstance(limit, int) and limit > 0:
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
             return len(last_generation) >= limit
     return False
 
@@ -164,7 +223,10 @@ def _mask_sample(result: Mapping[str, Any]) -> bool:
     instance_config = result.get("instance_config")
     if not isinstance(instance_config, Mapping):
         return False
-    return bool(instance_config.get("mask_sample", False))
+    mask_sample = instance_config.get("mask_sample", False)
+    if not isinstance(mask_sample, bool):
+        raise ValueError(f"gym result: `instance_config.mask_sample` must be true or false, got {quote(mask_sample)}")
+    return mask_sample
 
 
 def _reward_components(result: Mapping[str, Any], reward: float) -> dict[str, float]:

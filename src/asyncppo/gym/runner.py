@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig, SamplingProfile
 from asyncppo.gym.client import GymClient
+from asyncppo.gym.results import InvalidResultError
 from asyncppo.rollout.penalties import apply_reward_penalties
 from asyncppo.types import Trajectory
 
@@ -121,6 +122,8 @@ class GymRolloutRunner:
                 raise result  # cancellation or interpreter exit: not a rollout failure
             if isinstance(result, Exception):
                 self._count("failed_groups")
+                if isinstance(result, InvalidResultError):
+                    self._count("invalid_results")  # the agent answered, but with a result we cannot train on
                 outcomes.append(result)
                 continue
             outcomes.append(self._apply_penalties(result))
@@ -153,7 +156,8 @@ class GymRolloutRunner:
 
     def metrics(self) -> dict[str, float]:
         """Cumulative counters since start: the client's `gym/*` (rollouts, retries, failures by kind, judge
-        failures) plus `gym/failed_groups` and `gym/penalties/<name>`."""
+        failures) plus `gym/failed_groups`, `gym/invalid_results` (failed groups whose agent answered with an
+        unusable result: non-finite reward or logprob, missing or mistyped field) and `gym/penalties/<name>`."""
         with self._counter_lock:
             own = {f"gym/{name}": float(count) for name, count in self._counters.items()}
         return {**self._client.metrics(), **own}

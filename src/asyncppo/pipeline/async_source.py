@@ -23,7 +23,7 @@ from asyncppo.pipeline.collector import Collector
 from asyncppo.pipeline.errors import StallError
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.ledger import AccountingReport
-from asyncppo.pipeline.sources import GroupRolloutFn, PromptBatches, StepBatch
+from asyncppo.pipeline.sources import GroupRolloutFn, PromptBatches, SourceSnapshot, StepBatch
 from asyncppo.pipeline.staleness import AgeSchedule
 
 STATE_FORMAT = 1
@@ -183,6 +183,12 @@ class AsyncBatchSource:
                 "collector": self._collector.state_dict(),
                 "buffer": self._buffer.state_dict(),
             }
+
+    def snapshot(self) -> SourceSnapshot:
+        """State and books under one freeze: separately, a group completing between the two reads would be pending
+        in one and buffered in the other. The freeze is reentrant, so the two reads nest inside it."""
+        with self._collector.frozen():
+            return SourceSnapshot(state=self.state_dict(), accounting=self.accounting())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the collector's initial version (the step the run restarts at); before the first next_batch."""

@@ -4,7 +4,8 @@
     prompts --collector --> TrajectoryBuffer --(async: take(step))--> StepBatch --> driver step
 
 The driver only knows `BatchSource`: each step's batch, the weight-update context around every publish, the
-sampling reseed, the books of every prompt drawn (accounting) and the resumable state. Sync and async PPO
+sampling reseed, the books of every prompt drawn (accounting) and the resumable state; a checkpoint takes the
+last two together (`snapshot`), so its books describe exactly the state it resumes from. Sync and async PPO
 differ in which source it is handed, never in what the driver does.
 
 Both sources call one rollout type, `GroupRolloutFn`, with one failure contract: a prompt group whose rollout
@@ -42,6 +43,15 @@ class StepBatch:
     trajectories: list[Trajectory]
     num_prompts: int
     metrics: dict[str, float] = field(default_factory=dict[str, float])
+
+
+@dataclass(frozen=True)
+class SourceSnapshot:
+    """A batch source's resumable state and its books, taken at one instant: a draw id the state holds as pending
+    is pending in the accounting too, never buffered in one and pending in the other."""
+
+    state: dict[str, Any]
+    accounting: AccountingReport
 
 
 class PromptBatches(Protocol):
@@ -85,6 +95,10 @@ class BatchSource(Protocol):
 
     def accounting(self) -> AccountingReport:
         """Where every prompt drawn so far is: trained, dropped with a reason, buffered or pending."""
+        ...
+
+    def snapshot(self) -> SourceSnapshot:
+        """state_dict() and accounting() from one instant (background work held still meanwhile), for checkpoints."""
         ...
 
 
@@ -179,6 +193,10 @@ class SyncBatchSource:
             # A checkpoint written before sync runs kept books: without a failure budget (the only sync setting
             # that existed then for single-turn runs) every group drawn before it was trained.
             self._ledger.record_trained(range(self._next_group_id))
+
+    def snapshot(self) -> SourceSnapshot:
+        # Nothing runs between steps, so two reads in a row see one instant.
+        return SourceSnapshot(state=self.state_dict(), accounting=self.accounting())
 
     def close(self) -> None:
         return None

@@ -1,7 +1,9 @@
 """Reward functions for single-turn rollouts: `(response_text, row) -> float`, and resolving one from a spec.
 
-`run_single_turn_rollouts` calls them once per generation (from the collector's threads in async runs); the
-CLI builders turn the config's `reward_function` string into a callable with `load_reward_function`.
+`run_single_turn_rollouts` calls them once per generation (from the collector's threads in async runs), through
+`checked_reward`, which turns a non-number or a non-finite reward into a RewardFunctionError naming the function
+and the row; the CLI builders turn the config's `reward_function` string into a callable with
+`load_reward_function`.
 """
 
 import importlib
@@ -23,6 +25,34 @@ _MATH_VERIFY_TIMEOUT_SECONDS = 5
 _BOXED = "\\boxed{"
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _LATEX_FRACTION = re.compile(r"^(-?)\\[dt]?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}$")
+# How much of a row a reward error quotes to name it.
+_ROW_QUOTE_CHARS = 120
+
+
+class RewardFunctionError(ValueError):
+    """A reward function returned something other than a finite number; names the function and the row."""
+
+
+def checked_reward(reward_fn: RewardFunction, response_text: str, row: Mapping[str, Any], where: str) -> float:
+    """`reward_fn(response_text, row)` as a float; RewardFunctionError unless it is a finite number.
+
+    `where` names the row for the message (e.g. "row 3 (prompt group 17)"). A NaN or infinite reward would
+    otherwise pass through the advantages into the loss and fail far from its cause.
+    """
+    value = reward_fn(response_text, row)
+    try:
+        reward = float(value)
+    except (TypeError, ValueError, OverflowError):
+        reward = None
+    if reward is None or not math.isfinite(reward):
+        name = f"{getattr(reward_fn, '__module__', '?')}.{getattr(reward_fn, '__qualname__', repr(reward_fn))}"
+        row_text = repr(dict(row))
+        if len(row_text) > _ROW_QUOTE_CHARS:
+            row_text = row_text[:_ROW_QUOTE_CHARS] + "..."
+        raise RewardFunctionError(
+            f"reward function {name} returned {value!r} for {where}, expected a finite number; row: {row_text}"
+        )
+    return reward
 
 
 def reference_answer(row: Mapping[str, Any]) -> str:

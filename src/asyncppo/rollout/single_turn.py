@@ -5,14 +5,13 @@ Called by the sync batch source and the async collector (one call per prompt gro
     rows --chat template--> prompt ids --Generator (G x rows requests at once)--> results --reward_fn--> Trajectories
 """
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast, get_args
 
 from transformers import PreTrainedTokenizerBase
 
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult, SamplingParams, SupportsGenerate
-from asyncppo.rollout.rewards import RewardFunction
+from asyncppo.rollout.rewards import RewardFunction, checked_reward
 from asyncppo.types import MessageSpan, Role, Trajectory
 
 ROLES: tuple[str, ...] = get_args(Role)
@@ -116,10 +115,9 @@ def run_single_turn_rollouts(
             result = results[index * num_generations_per_prompt + sample_index]
             response_text = tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
             assert isinstance(response_text, str), "decoding one sequence gives one string"
-            reward = float(reward_fn(response_text, row))
-            if not math.isfinite(reward):
-                raise ValueError(f"row {index}: the reward function returned {reward}, not a finite number")
             group_id = group_id_start + index
+            where = f"row {index} (prompt group {group_id}, sample {sample_index})"
+            reward = checked_reward(reward_fn, response_text, row, where)
             trajectories.append(_trajectory(prompt_ids, spans, result, reward, task, group_id, sample_index))
     return trajectories
 

@@ -186,10 +186,12 @@ class Run:
             self.policy.save(directory / POLICY_DIR)
         if self.value is not None:
             self.value.save(directory / VALUE_DIR)
-        source_state = self.source.state_dict()
+        # One snapshot: the books then describe exactly the state a resume starts from (the async collector runs on).
+        snapshot = self.source.snapshot()
+        source_state = snapshot.state
         save_state(directory / SOURCE_STATE_FILE, source_state)
         # The run's own books: every prompt drawn is trained, dropped with a reason, buffered or pending.
-        (directory / ACCOUNTING_FILE).write_text(json.dumps(dataclasses.asdict(self.source.accounting()), indent=1))
+        (directory / ACCOUNTING_FILE).write_text(json.dumps(dataclasses.asdict(snapshot.accounting), indent=1))
         save_state(directory / RNG_STATE_FILE, save_rng_state())
         # Where the critic's first weights came from stays on record in every checkpoint of the run.
         warm_start = self.config.value.warm_start_path if self.config.value is not None else None
