@@ -37,7 +37,7 @@ class GymClientSettings:
     agent_urls: Mapping[str, str] | None
     head_server_url: str | None
     limits: GymConfig
-    """Read for max_concurrency, rollout_deadline_s, max_retries and backoff_s."""
+    """Read for max_concurrency, rollout_deadline_s, max_retries, backoff_s and default_agent."""
     train_sampling: SamplingProfile
     validation_sampling: SamplingProfile
     max_output_tokens: int
@@ -85,6 +85,7 @@ class GymRolloutRunner:
             train_sampling=settings.train_sampling,
             validation_sampling=settings.validation_sampling,
             max_output_tokens=settings.max_output_tokens,
+            default_agent=settings.limits.default_agent,
         )
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
