@@ -3,7 +3,11 @@
 Each `/run` pops the next behaviour of the agent's script (the last one repeats): `ok` answers the canned
 two-turn result, `500`/`400` that status, `hang` sleeps past any test deadline, `drop` closes the
 connection mid-body, `malformed` answers 200 with a body that is not JSON, `judge_failed` answers the canned
-result as Gym's judge failsafe rewrites it (reward 0, `_ng_failure_class: judge_failed`).
+result as Gym's judge failsafe rewrites it (reward 0, `_ng_failure_class: judge_failed`), `cut` answers it cut
+by the agent's step limit (its first model call, a tool call, and the tool's output; status `completed`), and
+`wrapped_404` / `wrapped_400` / `wrapped_crash` answer 500 with the fixture body of that name: NeMo-Gym's nested
+500 around a policy-server error (tests/gym/test_error_bodies.py describes them). The head config gives the agent
+`max_steps: 1`, as a NeMo-Gym simple_agent config does.
 """
 
 import asyncio
@@ -27,14 +31,25 @@ from asyncppo.gym.client import (
     GymClient,
     MalformedResultError,
     RolloutDeadlineError,
+    agent_step_limits_from_config,
     agent_urls_from_config,
 )
+from asyncppo.gym.results import StepLimit
+from asyncppo.types import Trajectory
 
 CANNED_RESULT = json.loads((Path(__file__).parent / "fixtures" / "run_result_two_turn_tool_call.json").read_text())
 JUDGE_FAILED_RESULT = {key: value for key, value in CANNED_RESULT.items() if key != "reward_components"} | {
     "reward": 0.0,
     "_ng_failure_class": "judge_failed",
     "_ng_failure_judge_error": "judge model answered 503",
+}
+CUT_RESULT = CANNED_RESULT | {
+    "response": CANNED_RESULT["response"] | {"output": CANNED_RESULT["response"]["output"][:3]}
+}
+WRAPPED_BODIES = {
+    "wrapped_404": "run_500_wrapped_policy_404.json",
+    "wrapped_400": "run_500_wrapped_policy_400_context_length.json",
+    "wrapped_crash": "run_500_wrapped_policy_crash.json",
 }
 HANG_S = 3.0
 
@@ -59,7 +74,7 @@ def build_app(agent: ScriptedAgent) -> ASGIApp:
         yaml_text = (
             "head_server:\n  host: 127.0.0.1\n  port: 1\n"
             "synonym_agent:\n  responses_api_agents:\n    simple_agent:\n"
-            f"      host: 127.0.0.1\n      port: {agent.port}\n"
+            f"      host: 127.0.0.1\n      port: {agent.port}\n      max_steps: 1\n"
             "synonym_resources:\n  resources_servers:\n    example_multi_step:\n      host: 127.0.0.1\n      port: 2\n"
         )
         return yaml_text  # FastAPI encodes it as a JSON string, as the head server does
@@ -76,6 +91,11 @@ def build_app(agent: ScriptedAgent) -> ASGIApp:
             return Response(b'{"reward": 1.0, "response": ', media_type="application/json")
         if behaviour == "judge_failed":
             return JSONResponse(JUDGE_FAILED_RESULT)
+        if behaviour == "cut":
+            return JSONResponse(CUT_RESULT)
+        if behaviour in WRAPPED_BODIES:
+            body = (Path(__file__).parent / "fixtures" / WRAPPED_BODIES[behaviour]).read_bytes()
+            return Response(body, status_code=500, media_type="application/json")
         return JSONResponse(CANNED_RESULT)
 
     async def dropping_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -118,11 +138,17 @@ def agent(served_agent: ScriptedAgent) -> ScriptedAgent:
 
 
 def make_client(
-    agent: ScriptedAgent, *, head: bool = False, deadline_s: float = 5.0, max_retries: int = 3
+    agent: ScriptedAgent,
+    *,
+    head: bool = False,
+    deadline_s: float = 5.0,
+    max_retries: int = 3,
+    agent_names: tuple[str, ...] = ("synonym_agent",),
+    default_agent: str | None = None,
 ) -> GymClient:
     url = f"http://127.0.0.1:{agent.port}"
     return GymClient(
-        None if head else {"synonym_agent": url},
+        None if head else dict.fromkeys(agent_names, url),
         url if head else None,
         max_concurrency=4,
         rollout_deadline_s=deadline_s,
@@ -131,6 +157,7 @@ def make_client(
         train_sampling=SamplingProfile(temperature=1.0, top_p=1.0),
         validation_sampling=SamplingProfile(temperature=0.6, top_p=0.95),
         max_output_tokens=8,
+        default_agent=default_agent,
     )
 
 
@@ -285,3 +312,81 @@ def test_unknown_agent_name_is_a_value_error(agent: ScriptedAgent) -> None:
     row["agent_ref"]["name"] = "missing_agent"
     with pytest.raises(ValueError, match="'missing_agent' is not a known agent"):
         run_once(make_client(agent), row)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "status", "message"),
+    [
+        ("wrapped_404", 404, "The model `policy-typo` does not exist."),
+        ("wrapped_400", 400, "This model's maximum context length is 1024 tokens, but the prompt has 1100 tokens, "),
+    ],
+)
+def test_a_policy_client_error_wrapped_in_nemo_gyms_500_is_quoted_and_not_retried(
+    agent: ScriptedAgent, behaviour: str, status: int, message: str
+) -> None:
+    agent.script = [behaviour, "ok"]
+    client = make_client(agent)
+    with pytest.raises(AgentHTTPError) as raised:
+        run_once(client, make_row())
+    assert raised.value.status == 500 and raised.value.inner_client_status == status
+    assert f"answered 500 (policy server {status}), through SimpleAgent___math_simple_agent" in str(raised.value)
+    assert message in str(raised.value)
+    assert len(agent.bodies) == 1  # a rerun would be refused the same way
+    assert client.metrics().get("gym/retries", 0.0) == 0.0
+
+
+def test_a_policy_crash_wrapped_in_nemo_gyms_500_is_retried_and_quoted(agent: ScriptedAgent) -> None:
+    agent.script = ["wrapped_crash"]
+    client = make_client(agent, max_retries=1)
+    with pytest.raises(AgentHTTPError, match=r"answered 500, through .*: RuntimeError\('engine step failed"):
+        run_once(client, make_row())
+    assert len(agent.bodies) == 2
+
+
+def run_group_once(client: GymClient, row: dict[str, Any]) -> list[Trajectory]:
+    async def main() -> list[Trajectory]:
+        async with client:
+            return await client.run_group(row, num_generations=1, group_id=0, policy_version=0)
+
+    return asyncio.run(main())
+
+
+def test_a_rollout_cut_by_the_agents_step_limit_is_truncated(agent: ScriptedAgent) -> None:
+    agent.script = ["cut"]
+    # The head config says max_steps: 1, and the rollout ends on the output of its one model call's tool call.
+    assert run_group_once(make_client(agent, head=True), make_row())[0].truncated is True
+    # Given agent URLs directly, the agent's config (hence its limit) is unknown: nothing marks the cut.
+    assert run_group_once(make_client(agent), make_row())[0].truncated is False
+    agent.script = ["ok"]  # the canned rollout ends on a final answer: not cut
+    assert run_group_once(make_client(agent, head=True), make_row())[0].truncated is False
+
+
+def test_step_limits_come_from_the_agents_config() -> None:
+    agent = {"host": "h", "port": 1, "max_steps": 4}
+    config = {
+        "a": {"responses_api_agents": {"simple_agent": agent}},
+        "b": {"responses_api_agents": {"simple_agent": agent | {"max_steps": 2, "count_tool_calls": True}}},
+        "c": {"responses_api_agents": {"simple_agent": agent | {"max_steps": None}}},
+    }
+    assert agent_step_limits_from_config(config) == {"a": StepLimit(4), "b": StepLimit(2, counts_tool_calls=True)}
+
+
+def test_rows_without_an_agent_go_to_the_default_agent(agent: ScriptedAgent) -> None:
+    row = make_row()
+    del row["agent_ref"]
+    client = make_client(agent, agent_names=("math_agent", "synonym_agent"), default_agent="synonym_agent")
+    assert run_once(client, row) == CANNED_RESULT
+
+
+def test_a_row_without_an_agent_among_several_and_no_default_names_the_row(agent: ScriptedAgent) -> None:
+    row = make_row()
+    del row["agent_ref"]
+    client = make_client(agent, agent_names=("math_agent", "synonym_agent"))
+    with pytest.raises(ValueError, match=r"row 3 has no agent_ref.name .*env.gym.default_agent"):
+        run_once(client, row)
+
+
+def test_an_unknown_default_agent_is_a_value_error(agent: ScriptedAgent) -> None:
+    client = make_client(agent, default_agent="math_agent")
+    with pytest.raises(ValueError, match=r"env.gym.default_agent\) 'math_agent' is not a known agent"):
+        run_once(client, make_row())

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncppo.gym.results import InvalidResultError, trajectory_from_result
+from asyncppo.gym.results import InvalidResultError, StepLimit, trajectory_from_result
 from asyncppo.types import MessageSpan
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -241,3 +241,26 @@ def test_any_result_json_becomes_a_usable_trajectory_or_an_invalid_result(result
         assert "agent 'synonym_agent', prompt group 7 sample 2" in str(error)
         return
     _assert_usable(trajectory)
+
+
+def cut_after_first_call() -> dict[str, Any]:
+    """The two-turn fixture as an agent with max_steps 1 ends it: one model call (a tool call), the tool's output,
+    no final answer, and the response still `completed` (NeMo-Gym's simple_agent reports a cut rollout so)."""
+    result = load("run_result_two_turn_tool_call.json")
+    result["response"]["output"] = result["response"]["output"][:3]
+    assert result["response"]["status"] == "completed"
+    return result
+
+
+def test_a_rollout_cut_by_the_step_limit_is_truncated() -> None:
+    def truncated(result: dict[str, Any], limit: StepLimit | None) -> bool:
+        return trajectory_from_result(
+            result, row=ROW, group_id=7, sample_index=2, policy_version=5, step_limit=limit
+        ).truncated
+
+    assert truncated(cut_after_first_call(), StepLimit(1)) is True
+    assert truncated(cut_after_first_call(), StepLimit(1, counts_tool_calls=True)) is True  # one tool call
+    assert truncated(cut_after_first_call(), StepLimit(2)) is False  # the agent stopped before its limit
+    assert truncated(cut_after_first_call(), None) is False  # limit unknown
+    # Ending on a final answer is a finished rollout, even with every step used.
+    assert truncated(load("run_result_two_turn_tool_call.json"), StepLimit(2)) is False

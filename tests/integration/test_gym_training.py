@@ -195,6 +195,6 @@ def test_a_step_that_cannot_be_filled_stops_the_run_with_a_clear_error(
         proxy.stop()
         builtin.stop()
     message = str(raised.value)
-    assert message.startswith("step 0 could not be filled: 4 prompt groups failed")
+    assert message.startswith("step 1 could not be filled: 4 prompt groups failed")  # the first step, as in step 1/N
     assert "env.gym.max_failed_groups_per_step=3" in message and "answered 500" in message
     assert time.monotonic() - started < 120

@@ -72,7 +72,7 @@ def test_a_stall_raises_stall_error_naming_the_target_and_the_buffer():
         gate.set()
         setup.source.close()
     message = str(raised.value)
-    assert "step 0: no progress for" in message
+    assert "step 1 (buffer target 0): no progress for" in message
     assert "waiting for target 0: 2 complete groups" in message
     assert "reserved (in flight) by target: {0: 2, 1: 2}" in message
     assert "4 rollouts in flight" in message

@@ -36,7 +36,8 @@ def test_budget_counts_per_step_and_reports_past_its_limit():
     assert budget.record(5, 11, ValueError("b")) is None
     error = budget.record(5, 12, ValueError("c"))
     assert isinstance(error, StepFillError) and isinstance(error.__cause__, ValueError)
-    assert str(error).startswith("step 5 could not be filled: 3 prompt groups failed")
+    # Step index 5 is the sixth step: messages number steps from 1, as the progress line and the metrics do.
+    assert str(error).startswith("step 6 could not be filled: 3 prompt groups failed")
     assert f"{KEY}=2" in str(error) and "group 12" in str(error) and "ValueError: c" in str(error)
     budget.reset()
     assert budget.count == 0 and budget.total == 3
@@ -112,7 +113,7 @@ def test_sync_source_stops_with_a_clear_error_when_a_step_cannot_be_filled():
     source = SyncBatchSource(
         ListPrompts(100, 4), rollout, num_prompts_per_step=4, failure_budget=StepFailureBudget(3, KEY)
     )
-    with pytest.raises(StepFillError, match=r"step 0 could not be filled: 4 prompt groups failed") as raised:
+    with pytest.raises(StepFillError, match=r"step 1 could not be filled: 4 prompt groups failed") as raised:
         source.next_batch(0)
     assert isinstance(raised.value.__cause__, ConnectionError)
     assert "agent dropped row 3" in str(raised.value)

@@ -144,6 +144,9 @@ class GymConfig(Section):
     resources: list[str] = Field(default_factory=lambda: ["math"], min_length=1)
     """Built-in environments the trainer (launch: builtin) or `asyncppo gym serve` starts, one simple agent
     each, named `<resources>_simple_agent`: `math`, `weather`, `multi_step`, `session_counter`."""
+    default_agent: str | None = None
+    """Agent instance of rows whose `agent_ref` names none (as NeMo-Gym's rollout collector's `agent_name`);
+    null = the gym's only agent, and an error naming the row when it has several."""
     max_steps: PositiveInt = 8
     """Model calls per rollout of the built-in simple agent (it also stops on a turn without tool calls)."""
     model_name: str = "policy"

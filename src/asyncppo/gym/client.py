@@ -2,9 +2,10 @@
 
 Called by the rollout workers; conversion of one result lives in `gym/results.py`.
 
-    run_group(row, G) --G tasks--> run(row) --semaphore--> [POST {agent}/run, retry on 5xx/408/429/drop]
+    run_group(row, G) --G tasks--> run(row) --semaphore--> [POST {agent}/run, retry on 5xx/408/429/drop,
+                                                                 |  not on a policy-server 4xx wrapped in a 500]
                                                                  |  (all under one per-rollout deadline)
-                       list[Trajectory] <-- trajectory_from_result(result, row=own copy)
+                       list[Trajectory] <-- trajectory_from_result(result, row=own copy, the agent's step limit)
 
 An asyncio httpx client (not threads): a rollout spends minutes waiting on one socket, so hundreds of them
 in flight cost one event loop instead of hundreds of threads, and `asyncio.timeout` gives a deadline that
@@ -26,7 +27,8 @@ import yaml
 
 from asyncppo.config.runtime import SamplingProfile
 from asyncppo.gym.auth import bearer_headers
-from asyncppo.gym.results import quote, trajectory_from_result
+from asyncppo.gym.error_bodies import unwrap_error_body
+from asyncppo.gym.results import StepLimit, quote, trajectory_from_result
 from asyncppo.types import Trajectory
 
 # Statuses (besides 5xx) after which the agent may well succeed on a rerun: infrastructure, not data.
@@ -42,11 +44,22 @@ class GymRolloutError(RuntimeError):
 
 
 class AgentHTTPError(GymRolloutError):
-    """The agent answered with an error status; `status` and the start of the body are in the message."""
+    """The agent answered with an error status; `status` and the innermost error message are in the message.
 
-    def __init__(self, message: str, status: int) -> None:
+    `inner_client_status` is the 4xx of the policy server (or another OpenAI-style server) when NeMo-Gym
+    wrapped it in a 500 (`gym/error_bodies.py`): a failure of the request, which a rerun repeats."""
+
+    def __init__(self, message: str, status: int, inner_client_status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.inner_client_status = inner_client_status
+
+    @property
+    def is_retryable(self) -> bool:
+        """Infrastructure (5xx, 408, 429) rather than a refused request, unless a wrapped 4xx says otherwise."""
+        if self.inner_client_status is not None and self.inner_client_status not in RETRYABLE_STATUSES:
+            return False
+        return self.status >= 500 or self.status in RETRYABLE_STATUSES
 
 
 class AgentConnectionError(GymRolloutError):
@@ -77,8 +90,11 @@ class GymClient:
         validation_sampling: SamplingProfile,
         max_output_tokens: int,
         api_key: str | None = None,
+        default_agent: str | None = None,
     ) -> None:
-        """`api_key` (env.gym.api_key) is sent as `Authorization: Bearer <key>` to the head and the agents."""
+        """`api_key` (env.gym.api_key) is sent as `Authorization: Bearer <key>` to the head and the agents.
+        `default_agent`: the agent of rows without `agent_ref.name` (NeMo-Gym's collector takes one the same
+        way); None = the only agent, and an error naming the row when there are several."""
         if (agent_urls is None) == (head_server_url is None):
             raise ValueError("GymClient: give exactly one of agent_urls and head_server_url")
         if max_concurrency < 1 or rollout_deadline_s <= 0 or max_retries < 0 or backoff_s < 0 or max_output_tokens < 1:
@@ -89,6 +105,9 @@ class GymClient:
             )
         self._agent_urls = {name: url.rstrip("/") for name, url in agent_urls.items()} if agent_urls else None
         self._head_server_url = head_server_url.rstrip("/") if head_server_url else None
+        self._default_agent = default_agent
+        # Agent name -> its cap on one rollout, from the gym config (unknown when agent_urls are given directly).
+        self._step_limits: dict[str, StepLimit] = {}
         self._rollout_deadline_s = rollout_deadline_s
         self._max_retries = max_retries
         self._backoff_s = backoff_s
@@ -119,11 +138,18 @@ class GymClient:
         return {f"gym/{name}": float(count) for name, count in sorted(self._counters.items())}
 
     async def agent_urls(self) -> dict[str, str]:
-        """Agent instance name -> base URL; fetched once from the head server when not given directly."""
+        """Agent instance name -> base URL; fetched once from the head server when not given directly.
+
+        Raises ValueError when the default agent is not one of them."""
         async with self._resolve_lock:
             if self._agent_urls is None:
                 assert self._head_server_url is not None
                 self._agent_urls = await self._fetch_agent_urls(self._head_server_url)
+        if self._default_agent is not None and self._default_agent not in self._agent_urls:
+            raise ValueError(
+                f"default agent (env.gym.default_agent) {self._default_agent!r} is not a known agent; "
+                f"known: {sorted(self._agent_urls)}"
+            )
         return dict(self._agent_urls)
 
     async def _fetch_agent_urls(self, head_server_url: str) -> dict[str, str]:
@@ -143,10 +169,11 @@ class GymClient:
         urls = agent_urls_from_config(config)
         if not urls:
             raise ValueError(f"GET {url}: the gym config lists no responses_api_agents instance")
+        self._step_limits = agent_step_limits_from_config(config)
         return urls
 
     async def run(self, row: Mapping[str, Any], *, validation: bool = False) -> dict[str, Any]:
-        """POST one rollout of `row` to its agent (`row.agent_ref.name`) and return the result JSON.
+        """POST one rollout of `row` to its agent (`row.agent_ref.name`, else the default) and return the result JSON.
 
         The caller's row is not modified: a deep copy is stamped with the sampling profile and
         `max_output_tokens = min(row's, client's)`. The deadline starts once a concurrency slot is free.
@@ -208,9 +235,16 @@ class GymClient:
         if result_sink is not None:
             for sample_index, result in enumerate(results):
                 result_sink(sample_index, result)
+        agent_name, _ = await self._agent_for(row)
+        step_limit = self._step_limits.get(agent_name)
         return [
             trajectory_from_result(
-                result, row=row, group_id=group_id, sample_index=sample_index, policy_version=policy_version
+                result,
+                row=row,
+                group_id=group_id,
+                sample_index=sample_index,
+                policy_version=policy_version,
+                step_limit=step_limit,
             )
             for sample_index, result in enumerate(results)
         ]
@@ -232,8 +266,15 @@ class GymClient:
         agent_ref = row.get("agent_ref")
         name = agent_ref.get("name") if isinstance(agent_ref, Mapping) else None
         if name is None:
+            name = self._default_agent
+        if name is None:
             if len(urls) != 1:
-                raise ValueError(f"gym row has no agent_ref.name and there are {len(urls)} agents: {sorted(urls)}")
+                row_index = row.get("_rowidx")
+                row_text = f"row {row_index}" if row_index is not None else f"row {quote(row)}"
+                raise ValueError(
+                    f"gym {row_text} has no agent_ref.name and the gym has {len(urls)} agents {sorted(urls)}: name "
+                    "one in the row's agent_ref, or set env.gym.default_agent"
+                )
             name = next(iter(urls))
         if name not in urls:
             raise ValueError(f"gym row: agent_ref.name {name!r} is not a known agent; known: {sorted(urls)}")
@@ -245,7 +286,7 @@ class GymClient:
             try:
                 return await self._post_run(agent_url, body)
             except (AgentConnectionError, AgentHTTPError) as error:
-                retryable = isinstance(error, AgentConnectionError) or _is_retryable_status(error.status)
+                retryable = isinstance(error, AgentConnectionError) or error.is_retryable
                 if not retryable or attempt == self._max_retries:
                     raise
                 self._counters["retries"] += 1
@@ -261,8 +302,17 @@ class GymClient:
             raise AgentConnectionError(f"POST {url}: {type(error).__name__}: {error}") from error
         if response.status_code != 200:
             self._counters[f"failures/http_{response.status_code}"] += 1
+            error_body = unwrap_error_body(response.text)
+            inner = (
+                f" (policy server {error_body.inner_client_status})"
+                if error_body.inner_client_status is not None
+                else ""
+            )
+            through = f", through {' -> '.join(error_body.hops)}" if error_body.hops else ""
             raise AgentHTTPError(
-                f"POST {url} answered {response.status_code}: {quote(response.text)}", response.status_code
+                f"POST {url} answered {response.status_code}{inner}{through}: {error_body.message}",
+                response.status_code,
+                error_body.inner_client_status if error_body.hops else None,
             )
         try:
             result = response.json()
@@ -290,5 +340,20 @@ def agent_urls_from_config(config: object) -> dict[str, str]:
     return urls
 
 
-def _is_retryable_status(status: int) -> bool:
-    return status >= 500 or status in RETRYABLE_STATUSES
+def agent_step_limits_from_config(config: object) -> dict[str, StepLimit]:
+    """Agent instance name -> its step limit, for agents whose config block sets `max_steps` (NeMo-Gym's
+    simple_agent: model calls per rollout, or tool calls with `count_tool_calls: true`; null or 0 = no limit)."""
+    limits: dict[str, StepLimit] = {}
+    if not isinstance(config, Mapping):
+        return limits
+    for name, instance in config.items():
+        agents = instance.get("responses_api_agents") if isinstance(instance, Mapping) else None
+        if not isinstance(agents, Mapping):
+            continue
+        for agent_config in agents.values():
+            max_steps = agent_config.get("max_steps") if isinstance(agent_config, Mapping) else None
+            if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0:
+                assert isinstance(agent_config, Mapping)
+                counts_tool_calls = agent_config.get("count_tool_calls") is True
+                limits[str(name)] = StepLimit(max_steps, counts_tool_calls=counts_tool_calls)
+    return limits

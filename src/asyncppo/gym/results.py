@@ -17,7 +17,8 @@ the group as failed and the batch source replaces it, instead of a NaN reaching 
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,6 +40,15 @@ class InvalidResultError(ValueError):
     """A `/run` result that cannot become a trajectory; the message names the agent, the row and the field."""
 
 
+@dataclass(frozen=True)
+class StepLimit:
+    """An agent's cap on one rollout (`max_steps` in its config): model calls, or tool calls when
+    `counts_tool_calls` (NeMo-Gym simple_agent's `count_tool_calls`)."""
+
+    max_steps: int
+    counts_tool_calls: bool = False
+
+
 def quote(value: object, num_chars: int = QUOTE_CHARS) -> str:
     """The first `num_chars` characters of `value` as JSON (or repr), for error messages."""
     try:
@@ -49,9 +59,17 @@ def quote(value: object, num_chars: int = QUOTE_CHARS) -> str:
 
 
 def trajectory_from_result(
-    result: object, *, row: Mapping[str, Any], group_id: int, sample_index: int, policy_version: int
+    result: object,
+    *,
+    row: Mapping[str, Any],
+    group_id: int,
+    sample_index: int,
+    policy_version: int,
+    step_limit: StepLimit | None = None,
 ) -> Trajectory:
     """Convert one `/run` result; `row` is the caller's own copy of the dataset row (results need not echo it).
+
+    `step_limit` is the agent's, when known: a rollout it cut is truncated although the agent reports it completed.
 
     Raises InvalidResultError (a ValueError) when the result has no model call with generated tokens (the agent
     died before its first model request, or the first prompt overflowed the context), when a turn's prompt does
@@ -61,7 +79,7 @@ def trajectory_from_result(
     try:
         if not isinstance(result, Mapping):
             raise ValueError(f"gym result is not a JSON object: {quote(result)}")
-        return _convert(result, row, group_id, sample_index, policy_version)
+        return _convert(result, row, group_id, sample_index, policy_version, step_limit)
     except ValueError as error:
         raise InvalidResultError(f"{_origin(row, group_id, sample_index)}: {error}") from error
 
@@ -76,7 +94,12 @@ def _origin(row: Mapping[str, Any], group_id: int, sample_index: int) -> str:
 
 
 def _convert(
-    result: Mapping[str, Any], row: Mapping[str, Any], group_id: int, sample_index: int, policy_version: int
+    result: Mapping[str, Any],
+    row: Mapping[str, Any],
+    group_id: int,
+    sample_index: int,
+    policy_version: int,
+    step_limit: StepLimit | None,
 ) -> Trajectory:
     response = result.get("response")
     if not isinstance(response, Mapping) or not isinstance(response.get("output"), list):
@@ -138,7 +161,8 @@ def _convert(
         sample_index=sample_index,
         policy_version=policy_version,
         last_policy_version=policy_version,
-        truncated=_is_truncated(result, row, response, last_generation),
+        truncated=_is_truncated(result, row, response, last_generation)
+        or _cut_by_step_limit(response["output"], turn, step_limit),
         mask_sample=_mask_sample(result),
         reward_components=_reward_components(result, reward),
         task={key: value for key, value in row.items() if key not in NON_TASK_FIELDS},
@@ -216,6 +240,22 @@ def _is_truncated(
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
             return len(last_generation) >= limit
     return False
+
+
+def _cut_by_step_limit(output: Sequence[object], num_model_calls: int, step_limit: StepLimit | None) -> bool:
+    """The agent stopped at its step limit with a tool call the model never saw answered: the rollout ends on a
+    tool call or its output, not on a final answer, after `max_steps` steps (an agent that stops at the limit
+    reports the response `completed`, so nothing else in the result tells)."""
+    if step_limit is None or not output:
+        return False
+    last = output[-1]
+    if not isinstance(last, Mapping) or last.get("type") not in ("function_call", "function_call_output"):
+        return False
+    if step_limit.counts_tool_calls:
+        steps = sum(1 for item in output if isinstance(item, Mapping) and item.get("type") == "function_call")
+    else:
+        steps = num_model_calls
+    return steps >= step_limit.max_steps
 
 
 def _mask_sample(result: Mapping[str, Any]) -> bool:

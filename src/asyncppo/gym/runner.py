@@ -38,7 +38,7 @@ class GymClientSettings:
     agent_urls: Mapping[str, str] | None
     head_server_url: str | None
     limits: GymConfig
-    """Read for max_concurrency, rollout_deadline_s, max_retries, backoff_s and api_key."""
+    """Read for max_concurrency, rollout_deadline_s, max_retries, backoff_s, api_key and default_agent."""
     train_sampling: SamplingProfile
     validation_sampling: SamplingProfile
     max_output_tokens: int
@@ -87,6 +87,7 @@ class GymRolloutRunner:
             validation_sampling=settings.validation_sampling,
             max_output_tokens=settings.max_output_tokens,
             api_key=settings.limits.api_key,
+            default_agent=settings.limits.default_agent,
         )
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:

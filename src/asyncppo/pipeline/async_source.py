@@ -20,7 +20,7 @@ from typing import Any
 from asyncppo.config.ppo import AsyncPPOConfig
 from asyncppo.pipeline.buffer import DROP_REASONS, BufferedGroup, TrajectoryBuffer, default_buffer_size
 from asyncppo.pipeline.collector import Collector
-from asyncppo.pipeline.errors import StallError
+from asyncppo.pipeline.errors import StallError, step_number
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.ledger import AccountingReport
 from asyncppo.pipeline.sources import GroupRolloutFn, PromptBatches, SourceSnapshot, StepBatch
@@ -119,7 +119,7 @@ class AsyncBatchSource:
         if taken:
             awaited = (
                 f"target {step + 1} to be covered (stored or reserved: {self._buffer.needed(step + 1)} of "
-                f"{self._buffer.num_groups_per_step} groups still unreserved) before step {step} may train"
+                f"{self._buffer.num_groups_per_step} groups still unreserved) before this step may train"
             )
         else:
             awaited = (
@@ -127,8 +127,10 @@ class AsyncBatchSource:
                 f"{step - self._ages.sample_max_age(step)}"
             )
         return (
-            f"step {step}: no progress for {waited:.1f} s (watchdog_timeout_s={self._watchdog_timeout_s}) "
-            f"waiting for {awaited}; {self._buffer.describe()}; {self._collector.describe()}"
+            # The buffer counts in targets (step indices from 0); the step is named as the progress line names it.
+            f"step {step_number(step)} (buffer target {step}): no progress for {waited:.1f} s "
+            f"(watchdog_timeout_s={self._watchdog_timeout_s}) waiting for {awaited}; {self._buffer.describe()}; "
+            f"{self._collector.describe()}"
         )
 
     def _metrics(self, step: int, groups: list[BufferedGroup], idle_seconds: float) -> dict[str, float]:

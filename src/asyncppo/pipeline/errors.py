@@ -3,7 +3,15 @@
 Collector rollout or loop failure --> CollectorError (its __cause__ is the original exception)
 no buffer progress for watchdog_timeout_s, or a weight-update drain that never ends --> StallError
 more prompt groups failed while filling one step than the failure budget allows --> StepFillError
+
+Messages name a step as the progress line and the metrics do: by `step_number`, counting from 1.
 """
+
+
+def step_number(step: int) -> int:
+    """The number users see for the step the pipeline calls `step` (its index from 0, the weight version it starts
+    from): steps count from 1, as in the progress line `step N/M` and the metrics logged at N after the N-th step."""
+    return step + 1
 
 
 class CollectorError(RuntimeError):

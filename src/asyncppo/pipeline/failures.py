@@ -11,7 +11,7 @@ allows does the run stop, with a StepFillError naming the step, the count and th
 import logging
 import threading
 
-from asyncppo.pipeline.errors import StepFillError
+from asyncppo.pipeline.errors import StepFillError, step_number
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ class StepFailureBudget:
             self._count = 0
 
     def record(self, step: int, group_id: int, error: BaseException) -> StepFillError | None:
-        """Count one failed group; returns (does not raise) the StepFillError once the budget is exceeded.
+        """Count one failed group of step index `step`; returns (does not raise) the StepFillError once the budget is
+        exceeded. Messages number the step from 1 (`step_number`).
 
         Returning lets the async collector put the error on its failure channel while the sync source raises it.
         """
@@ -57,7 +58,7 @@ class StepFailureBudget:
         if count <= self.max_failures:
             log.warning(
                 "step %d: prompt group %d failed and is replaced (%d of %s=%d): %s: %s",
-                step,
+                step_number(step),
                 group_id,
                 count,
                 self.budget_key,
@@ -67,7 +68,7 @@ class StepFailureBudget:
             )
             return None
         failure = StepFillError(
-            f"step {step} could not be filled: {count} prompt groups failed while filling it, more than "
+            f"step {step_number(step)} could not be filled: {count} prompt groups failed while filling it, more than "
             f"{self.budget_key}={self.max_failures}; last failure (group {group_id}): {type(error).__name__}: {error}"
         )
         failure.__cause__ = error

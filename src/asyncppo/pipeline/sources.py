@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asyncppo.pipeline.buffer import FAILED_ROLLOUT
+from asyncppo.pipeline.errors import step_number
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.ledger import AccountingLedger, AccountingReport, find_accounting_problems
 from asyncppo.types import Trajectory
@@ -171,7 +172,9 @@ class SyncBatchSource:
         try:
             return list(next(self._iterator))
         except StopIteration:
-            raise RuntimeError(f"the training data ran out before step {step} (ppo.max_num_epochs reached)") from None
+            raise RuntimeError(
+                f"the training data ran out while filling step {step_number(step)} (ppo.max_num_epochs reached)"
+            ) from None
 
     def state_dict(self) -> dict[str, Any]:
         return {

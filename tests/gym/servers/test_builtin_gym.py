@@ -13,9 +13,9 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.client import GymClient, agent_urls_from_config
+from asyncppo.gym.client import GymClient, agent_step_limits_from_config, agent_urls_from_config
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
-from asyncppo.gym.results import trajectory_from_result
+from asyncppo.gym.results import StepLimit, trajectory_from_result
 from asyncppo.gym.servers.launch import launch_builtin_gym
 from asyncppo.gym.servers.resources import MULTI_STEP_TOOLS, SESSION_COUNTER_TOOLS, WEATHER_TOOLS, forecast
 from asyncppo.models.tiny import EOS_TOKEN_ID
@@ -123,10 +123,30 @@ def test_agent_counts_through_tool_calls_and_its_result_converts_to_a_contiguous
     indirect=True,
 )
 def test_agent_stops_after_max_steps_and_verifies_what_it_has(policy_server: str) -> None:
+    async def collect(head_url: str) -> list:
+        async with GymClient(
+            None,
+            head_url,
+            max_concurrency=1,
+            rollout_deadline_s=30,
+            max_retries=0,
+            backoff_s=0,
+            train_sampling=TRAIN,
+            validation_sampling=SamplingProfile(0.0, 1.0),
+            max_output_tokens=64,
+        ) as client:
+            return await client.run_group(COUNTER_ROW, num_generations=1, group_id=0, policy_version=0)
+
+    # The scripted policy answers each of the two rollouts (one direct, one through GymClient) with one tool call.
     with launch_builtin_gym(policy_server, resources=("session_counter",), max_steps=1) as gym:
+        config = yaml.safe_load(httpx.get(f"{gym.head_url}/global_config_dict_yaml").json())
+        assert agent_step_limits_from_config(config) == {"session_counter_simple_agent": StepLimit(1)}
         result = run(gym.agent_urls["session_counter_simple_agent"], COUNTER_ROW)
+        [trajectory] = asyncio.run(collect(gym.head_url))
     assert result["reward"] == 0.0 and result["final_count"] == 1
     assert [item["type"] for item in result["response"]["output"]] == ["function_call", "function_call_output"]
+    # Reported completed, but cut by the step limit the head's config gives: recorded as truncated.
+    assert result["response"]["status"] == "completed" and trajectory.truncated
 
 
 @pytest.mark.integration

@@ -22,9 +22,11 @@ def gym_config(
     resources: Mapping[str, tuple[str, int]],
     agents: Mapping[str, tuple[str, str, int]],
     model_base_url: str | list[str],
+    max_steps: int,
 ) -> dict[str, Any]:
     """A resolved gym config: `resources` maps resources name -> (host, port), `agents` maps agent instance
-    name -> (resources name, host, port). Instances are 3-level blocks `name.<server type>.<implementation>`."""
+    name -> (resources name, host, port). Instances are 3-level blocks `name.<server type>.<implementation>`;
+    every agent block carries `max_steps`, as a NeMo-Gym simple_agent's does (GymClient reads its step limit)."""
     config: dict[str, Any] = {"head_server": {"host": head[0], "port": head[1]}}
     config[POLICY_MODEL_NAME] = {"responses_api_models": {"policy_server": {"base_url": model_base_url}}}
     for name, (host, port) in resources.items():
@@ -32,7 +34,7 @@ def gym_config(
             "resources_servers": {name: {"host": host, "port": port, "domain": name, "entrypoint": "builtin"}}
         }
     for agent_name, (resources_name, host, port) in agents.items():
-        agent = {"host": host, "port": port, "entrypoint": "builtin"}
+        agent = {"host": host, "port": port, "entrypoint": "builtin", "max_steps": max_steps}
         agent["resources_server"] = {"type": "resources_servers", "name": resources_instance_name(resources_name)}
         agent["model_server"] = {"type": "responses_api_models", "name": POLICY_MODEL_NAME}
         config[agent_name] = {"responses_api_agents": {"simple_agent": agent}}

@@ -93,6 +93,7 @@ def launch_builtin_gym(
         resources={name: (HOST, server.port) for name, server in resources_servers.items()},
         agents={agent_instance_name(name): (name, HOST, agents[agent_instance_name(name)].port) for name in resources},
         model_base_url=model_base_url if isinstance(model_base_url, str) else list(model_base_url),
+        max_steps=max_steps,
     )
     head = PolicyServer(create_head_app(config, api_key), host=HOST)
     config["head_server"]["port"] = head.port  # known only once the head's socket is bound
