@@ -72,16 +72,18 @@ def run_train_command(args: argparse.Namespace) -> int:
     completed: int | None = None
     with stop.installed():
         try:
-            run = build_run(config, run_dir)  # installs Ray after our handlers; init_local_ray puts ours back
             try:
-                completed = train(run, stop_requested=stop.requested)
+                run = build_run(config, run_dir)  # starts Ray after our handlers; init_local_ray puts ours back
+                try:
+                    completed = train(run, stop_requested=stop.requested)
+                finally:
+                    run.close()
             finally:
-                run.close()
+                shutdown_ray()
         except KeyboardInterrupt:  # only our handler raises it (the second signal): anything else propagates
             if len(stop.received) < 2:
                 raise
-        finally:
-            shutdown_ray()
+            shutdown_ray()  # a no-op unless the second signal cut the first shutdown short
     if not stop.requested():
         print(f"run directory: {run_dir}", flush=True)
         return 0
