@@ -5,12 +5,14 @@
                                                          ppo_step(batch) -> publish weights (version step+1)
                                                          validate every val_period -> log
                                                          print the books every log_every steps -> checkpoint
+                                                         stop requested (a signal) -> checkpoint -> return
 One loop for sync and async PPO: they differ only in the batch source (pipeline/sources.py), which also
 wraps each weight update (the async collector drains or pauses around it), reseeds sampling where that makes
 runs reproducible, and keeps the books of every prompt drawn.
 """
 
 import time
+from collections.abc import Callable
 
 from asyncppo.algorithms.mismatch import mismatch_plot_data
 from asyncppo.trainer.ppo_step import StepOutput, ppo_step
@@ -18,8 +20,18 @@ from asyncppo.trainer.run import Run
 from asyncppo.types import collate_trajectories
 
 
-def train(run: Run) -> None:
-    """The loop: steps from the restored step to ppo.max_num_steps, validating and saving on schedule."""
+def _never() -> bool:
+    return False
+
+
+def train(run: Run, stop_requested: Callable[[], bool] = _never) -> int:
+    """The loop: steps from the restored step to ppo.max_num_steps, validating and saving on schedule.
+
+    `stop_requested` is asked between steps (the step in progress always runs to its end, so every checkpoint
+    holds the state after a completed step): once it answers True the loop saves the last completed step, when
+    checkpointing is on and that checkpoint is not already written, and returns. Returns the number of
+    completed steps (the restored step when none ran).
+    """
     ppo = run.config.ppo
     deadline = run.config.checkpointing.must_save_by_seconds
     run_started = time.monotonic()
@@ -30,6 +42,8 @@ def train(run: Run) -> None:
         # Read the engine counters here too, so the start's validation prefill is not booked on step 1.
         run.metrics.log(0, {**run.validate(0), **run.generation_metrics()})
     for step in range(start, ppo.max_num_steps):
+        if stop_requested():  # before any step of this process ran: the restored checkpoint already holds it
+            return step
         started = time.perf_counter()
         run.start_generation(step)
         step_batch = run.source.next_batch(step)
@@ -61,15 +75,22 @@ def train(run: Run) -> None:
         if _accounting_due(ppo.async_ppo.log_every, completed):
             run.log_accounting(completed)
         out_of_time = deadline is not None and time.monotonic() - run_started >= deadline
+        stopping = stop_requested()
         if run.config.checkpointing.enabled and (
-            _due(run.config.checkpointing.save_period, completed) or completed == ppo.max_num_steps or out_of_time
+            _due(run.config.checkpointing.save_period, completed)
+            or completed == ppo.max_num_steps
+            or out_of_time
+            or stopping
         ):
             run.save(completed, metrics, policy_has_trained)
         if out_of_time:
             print(
                 f"checkpointing.checkpoint_must_save_by reached after step {completed}: saved and stopped", flush=True
             )
-            return
+            return completed
+        if stopping:
+            return completed  # the caller says why it stopped
+    return max(start, ppo.max_num_steps)
 
 
 def _due(period: int, completed: int) -> bool:

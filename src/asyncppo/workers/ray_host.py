@@ -12,6 +12,8 @@ timeout and re-raise the worker's own error.
 """
 
 import os
+import signal
+import threading
 
 # Ray reads these at import: no usage reporting (no calls out of the machine), every worker's log lines shown
 # (not deduplicated across workers), and no multi-node cluster on Windows or macOS hosts.
@@ -39,21 +41,47 @@ class WorkerCallError(RuntimeError):
 
 
 def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: str | None = None) -> None:
-    """Start (or join) Ray. A local cluster binds to 127.0.0.1 only and starts no dashboard."""
+    """Start (or join) Ray. A local cluster binds to 127.0.0.1 only and starts no dashboard.
+
+    A SIGTERM or SIGINT handler the process installed before is put back afterwards: `ray.init` replaces the
+    driver's SIGTERM handler with its own (one that tears the local cluster down and exits with status 1), which
+    would skip the caller's clean stop (`asyncppo train` saves a checkpoint first).
+    """
     if ray.is_initialized():
         return
+    own_handlers = _own_signal_handlers()
     if address is not None:
         ray.init(address=address, log_to_driver=True)
-        return
-    ray.init(
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        include_dashboard=False,
-        object_store_memory=OBJECT_STORE_BYTES,
-        _node_ip_address=LOCAL_HOST,
-        log_to_driver=True,
-        configure_logging=False,
-    )
+    else:
+        ray.init(
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=False,
+            object_store_memory=OBJECT_STORE_BYTES,
+            _node_ip_address=LOCAL_HOST,
+            log_to_driver=True,
+            configure_logging=False,
+        )
+    for signum, handler in own_handlers.items():
+        signal.signal(signum, handler)
+
+
+def _own_signal_handlers() -> dict[int, Any]:
+    """The SIGTERM / SIGINT handlers the process installed (Python's defaults excluded), by signal number."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # only the main thread may set handlers, and Ray sets none from another thread
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    return {
+        signum: handler
+        for signum, handler in handlers.items()
+        if callable(handler) and handler is not signal.default_int_handler
+    }
+
+
+def shutdown_ray() -> None:
+    """Disconnect from Ray; a local cluster that `init_local_ray` started ends with every process it ran."""
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 @ray.remote
