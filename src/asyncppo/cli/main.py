@@ -89,6 +89,12 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _printable(text: str) -> str:
+    """`text` with control characters and lone surrogates escaped: a message quoting a key or value from the user
+    stays on one line and encodes on any stderr."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
     parser = _build_parser()
@@ -119,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_bench_generate_command(args)
     except ConfigError as error:
         for line in error.lines:
-            print(f"error: {line}", file=sys.stderr)
+            print(f"error: {_printable(line)}", file=sys.stderr)
         return USAGE_ERROR
     raise AssertionError(f"unhandled command {args.command!r}")
 

@@ -4,6 +4,10 @@ files --defaults merge--> tree --overrides (typed by the schema)--> RunConfig.mo
                                                                      | ValidationError
                                                                      v
                                                  ConfigError: one line per problem, full key paths
+
+Files and override values are untrusted text: every way they can fail to parse (bad YAML, bytes that are not
+UTF-8, nesting past the recursion limit, an integer past Python's digit limit, an alias that contains itself)
+is a ConfigError naming the file or the key, never an exception from inside PyYAML or pydantic.
 """
 
 import sys
@@ -13,12 +17,19 @@ from typing import Any, TypeGuard, cast
 import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
+from yaml.constructor import ConstructorError
 
 from asyncppo.config.base import NOTES_CONTEXT_KEY, RuleError
 from asyncppo.config.schema import RunConfig
 from asyncppo.config.schema_walk import UnknownKeyError, accepts_plain_string, find_field, suggest
 
 DEFAULTS_KEY = "defaults"
+
+MAX_NESTING = 32
+"""Deepest nesting of mappings and lists a config may hold (the schema needs 5). Past it the merge, the
+validator and the dump would recurse without bound (a YAML alias can even contain itself)."""
+MAX_VALUES = 100_000
+"""Most values a config may hold, counting each use of a YAML alias (a few aliased lines can expand to billions)."""
 
 
 class ConfigError(ValueError):
@@ -34,6 +45,94 @@ def _is_tree(value: object) -> TypeGuard[dict[str, Any]]:
     return isinstance(value, dict)
 
 
+def _shown(value: Any) -> str:
+    """`repr(value)` cut to 60 characters, for quoting user input in a one-line message."""
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader whose scalar constructors fail with a YAMLError that marks the offending scalar.
+
+    The safe constructors call int(), float() and datetime() on the matched text, and those raise ValueError
+    (an integer past Python's int-str digit limit, a date like 2001-13-45) or AttributeError (a malformed
+    `!!timestamp`), outside PyYAML's own error type.
+    """
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            # PyYAML's stubs leave the constructed value untyped: config trees are checked after loading.
+            return cast(Any, super().construct_object(node, deep=deep))  # pyright: ignore[reportUnknownMemberType]
+        except (ValueError, AttributeError) as error:
+            kind = str(node.tag).rpartition(":")[2]
+            if isinstance(error, ValueError) and kind == "int":
+                limit = sys.get_int_max_str_digits()
+                problem = f"expected an integer of at most {limit} digits, got {_shown(node.value)}"
+            else:
+                reason = f" ({error})" if isinstance(error, ValueError) else ""
+                problem = f"cannot read {_shown(node.value)} as {kind}{reason}"
+            raise ConstructorError(None, None, problem, node.start_mark) from None
+
+
+def _parse_yaml(text: str, failure: str) -> Any:
+    """Parse YAML text; a ConfigError `<failure> (<what PyYAML found, and where>)` when it cannot be read."""
+    try:
+        return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader: builds plain data only
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = f"{error.problem or error.context}{where}"
+    except yaml.YAMLError as error:
+        reason = str(error).splitlines()[0]
+    except RecursionError:
+        reason = f"nested too deeply; expected at most {MAX_NESTING} levels"
+    raise ConfigError([f"{failure} ({reason})"])
+
+
+def check_plain_tree(value: Any, key_path: str, source: str) -> None:
+    """ConfigError unless `value` nests at most MAX_NESTING levels, holds at most MAX_VALUES values and all its
+    text is UTF-8 (a YAML escape or an argument byte can make a lone surrogate, which no output can print).
+
+    `key_path` is where `value` sits in the config ('' for the root), `source` the file or override it came from.
+    """
+    start_depth = len(key_path.split(".")) if key_path else 0
+    pending: list[tuple[Any, str, int]] = [(value, key_path, start_depth)]
+    counted = 0
+    while pending:
+        node, path, depth = pending.pop()
+        counted += 1
+        if counted > MAX_VALUES:
+            raise ConfigError(
+                [f"{source}: holds more than {MAX_VALUES} values (YAML aliases expand); expected a config"]
+            )
+        at = path or source
+        if isinstance(node, str) and not node.isascii() and not _is_utf8(node):
+            raise ConfigError([f"{at}: {_shown(node)} is not UTF-8 text (it holds a lone surrogate)"])
+        if not isinstance(node, dict | list):
+            continue
+        if depth >= MAX_NESTING:
+            raise ConfigError([f"{_shown_path(path) or source}: nested deeper than {MAX_NESTING} levels"])
+        children = (
+            cast(dict[object, object], node).items() if isinstance(node, dict) else enumerate(cast(list[object], node))
+        )
+        for key, child in children:
+            if isinstance(key, str) and not _is_utf8(key):
+                raise ConfigError([f"{at}: key {_shown(key)} is not UTF-8 text (it holds a lone surrogate)"])
+            pending.append((child, f"{path}.{key}" if path else str(key), depth + 1))
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown_path(path: str) -> str:
+    return path if len(path) <= 80 else path[:77] + "..."
+
+
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in update.items():
@@ -44,18 +143,39 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _resolve(path: str | Path) -> Path:
+    try:
+        return Path(path).resolve()
+    except (OSError, ValueError) as error:  # ValueError: an embedded NUL, e.g. from a `defaults:` entry
+        raise ConfigError([f"{str(path)!r}: not a usable file path ({error})"]) from None
+
+
+def _read_utf8(path: Path) -> str:
+    """The file's text; a ConfigError when it is missing, unreadable or not UTF-8 (whatever the locale says)."""
+    try:
+        if not path.is_file():
+            raise ConfigError([f"{path}: config file not found"])
+        data = path.read_bytes()
+    except OSError as error:
+        raise ConfigError([f"{path}: cannot read the config file ({error.strerror})"]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        byte = data[error.start : error.start + 1].hex()
+        raise ConfigError(
+            [f"{path}: not UTF-8 text (byte 0x{byte} on line {line}); expected a UTF-8 YAML file"]
+        ) from None
+
+
 def load_yaml_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a YAML config; `defaults: base.yaml` (or a list) is merged first, relative to the file, child wins."""
-    path = Path(path).resolve()
+    path = _resolve(path)
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
         raise ConfigError([f"{path}: defaults form a cycle ({chain})"])
-    if not path.is_file():
-        raise ConfigError([f"{path}: config file not found"])
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ConfigError([f"{path}: not valid YAML ({str(error).splitlines()[0]})"]) from error
+    tree = _parse_yaml(_read_utf8(path), f"{path}: not valid YAML")
+    check_plain_tree(tree, "", str(path))
     if tree is None:
         tree = dict[str, Any]()
     if not _is_tree(tree):
@@ -81,14 +201,13 @@ def parse_override(override: str) -> tuple[str, Any]:
         field = find_field(RunConfig, key)
     except UnknownKeyError as error:
         raise ConfigError([error.message]) from None
-    if field.free_form and field.path != key:
-        return key, yaml.safe_load(raw)
-    if accepts_plain_string(field.info.annotation) and raw not in ("null", "~"):
-        return key, raw
-    try:
-        return key, yaml.safe_load(raw)
-    except yaml.YAMLError:
-        raise ConfigError([f"{key}: cannot parse {raw!r} as a value"]) from None
+    below_free_form = field.free_form and field.path != key
+    if not below_free_form and accepts_plain_string(field.info.annotation) and raw not in ("null", "~"):
+        value: Any = raw
+    else:
+        value = _parse_yaml(raw, f"{key}: cannot parse {_shown(raw)} as a YAML value")
+    check_plain_tree(value, key, f"override {_shown(override)}")
+    return key, value
 
 
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pydantic import ModelWrapValidatorHandler, ValidationInfo, model_validator
 
 from asyncppo.config.base import RuleError, Section, add_note
 from asyncppo.config.losses import PolicyLossConfig, ValueLossConfig
-from asyncppo.config.models import PolicyModelConfig, ValueModelConfig
+from asyncppo.config.models import PolicyModelConfig, TrainedModelConfig, ValueModelConfig
 from asyncppo.config.ppo import PPOConfig
 from asyncppo.config.runtime import (
     CheckpointingConfig,
@@ -59,6 +59,7 @@ class RunConfig(Section):
         self._check_kl()
         self._check_gym()
         self._check_ranking_metric()
+        self._check_schedules()
         if self.reward_penalties.any_enabled and not self.env.should_use_nemo_gym:
             raise RuleError(
                 "reward_penalties",
@@ -131,6 +132,41 @@ class RunConfig(Section):
                 "value_loss_fn.homogeneous_group_weight",
                 f"{weight} needs ppo.adv_estimator.residual_baseline: true (homogeneous groups are defined by it)",
             )
+
+    def _check_schedules(self) -> None:
+        """A decaying schedule must fit its warmup in its length; the workers refuse it only once Ray has started."""
+        trained: list[tuple[str, TrainedModelConfig, str, int]] = [
+            ("model", self.model, "ppo.ppo_epochs", self.ppo.ppo_epochs)
+        ]
+        if self.value is not None and self.ppo.adv_estimator.uses_critic:
+            trained.append(("value", self.value, "ppo.critic_ppo_epochs", self.ppo.resolved_critic_ppo_epochs))
+        for key, section, passes_key, passes in trained:
+            scheduler = section.scheduler
+            warmup = scheduler.warmup_steps
+            if scheduler.name == "constant":
+                continue
+            if scheduler.total_steps is not None:
+                if scheduler.total_steps < warmup:
+                    raise RuleError(
+                        f"{key}.scheduler.warmup_steps",
+                        f"{warmup} is longer than {key}.scheduler.total_steps={scheduler.total_steps}; expected at "
+                        f"most {scheduler.total_steps}",
+                    )
+                continue
+            per_pass = self.optimizer_steps_per_pass(section)
+            total = self.ppo.max_num_steps * passes * per_pass
+            if total < warmup:
+                raise RuleError(
+                    f"{key}.scheduler.warmup_steps",
+                    f"{warmup} is longer than the run's {total} optimizer steps (ppo.max_num_steps="
+                    f"{self.ppo.max_num_steps} x {passes_key}={passes} x {per_pass} per pass); expected at most "
+                    f"{total}, or set {key}.scheduler.total_steps or {key}.scheduler.name: constant",
+                )
+
+    def optimizer_steps_per_pass(self, section: TrainedModelConfig) -> int:
+        """Optimizer steps of one pass over a step's batch: ceil(step batch / section.train_global_batch_size)."""
+        step_batch = self.ppo.num_prompts_per_step * self.ppo.num_generations_per_prompt
+        return -(-step_batch // (section.train_global_batch_size or step_batch))
 
     def _check_ranking_metric(self) -> None:
         """keep_top_k by a val: metric needs validations to rank by; without them it silently keeps the newest."""

@@ -68,9 +68,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def optimizer_steps_per_run(config: RunConfig, section: TrainedModelConfig, passes_per_step: int) -> int:
     """Optimizer steps of the whole run: steps x passes x global batches per pass (the schedule's length)."""
-    batch = config.ppo.num_prompts_per_step * config.ppo.num_generations_per_prompt
-    global_batch = section.train_global_batch_size or batch
-    return config.ppo.max_num_steps * passes_per_step * -(-batch // global_batch)
+    return config.ppo.max_num_steps * passes_per_step * config.optimizer_steps_per_pass(section)
 
 
 def needs_reference_logprobs(config: RunConfig) -> bool:
