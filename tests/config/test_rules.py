@@ -412,3 +412,13 @@ def test_an_explicit_schedule_length_must_cover_the_warmup(tree):
     )
     tree["model"]["scheduler"]["total_steps"] = 5
     validate_tree(tree)
+
+
+def test_the_critic_must_cover_the_policys_sequences(tree):
+    tree["model"]["max_total_sequence_length"] = 512
+    tree["value"]["max_total_sequence_length"] = 256
+    assert _rejected(tree).startswith(
+        "value.max_total_sequence_length: 256 is shorter than model.max_total_sequence_length=512"
+    )
+    tree["value"]["max_total_sequence_length"] = 512
+    validate_tree(tree)

@@ -55,7 +55,9 @@ class TrainedModelConfig(Section):
     logprob_batch_size: PositiveInt | None = None
     """Samples per forward pass when scoring without gradients; null = train_micro_batch_size."""
     max_total_sequence_length: PositiveInt = 2048
-    """Longest prompt + response, in tokens, the workers accept."""
+    """Longest prompt + response, in tokens. The policy's bounds the prompt budget (this - generation.max_new_tokens)
+    and the generation engines' contexts; the critic's must be at least the policy's (it scores the same
+    sequences, which the privileged critic lengthens by its reserve)."""
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     """Gradient clipping by global norm; null disables clipping."""
     activation_checkpointing: bool = False

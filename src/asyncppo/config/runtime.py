@@ -154,7 +154,9 @@ class GymConfig(Section):
     policy_server_port: NonNegativeInt = 0
     """Port of the first policy server (generator worker i listens on port + i); 0 = free ports."""
     api_key: str | None = None
-    """Bearer key the policy server requires (the built-in agents send it); null = no key."""
+    """Bearer key (`Authorization: Bearer <key>`) that the policy server and the built-in head, agent and resources
+    servers require on every route but `GET /health`; the trainer's gym client and the built-in agents send it.
+    null = no key: any local process may call them (see docs/security.md)."""
 
     @model_validator(mode="after")
     def _check_launch(self) -> Self:

@@ -126,6 +126,14 @@ class RunConfig(Section):
                 "value.privileged_critic.enabled",
                 f"needs a critic, but ppo.adv_estimator.name={estimator.name!r} trains none",
             )
+        if self.value is not None and self.value.max_total_sequence_length < self.model.max_total_sequence_length:
+            # The critic scores the policy's sequences whole; a shorter bound could only truncate them silently.
+            raise RuleError(
+                "value.max_total_sequence_length",
+                f"{self.value.max_total_sequence_length} is shorter than model.max_total_sequence_length="
+                f"{self.model.max_total_sequence_length}: the critic scores the policy's whole sequences (use at "
+                "least the policy's length)",
+            )
         weight = self.value_loss_fn.homogeneous_group_weight
         if weight != 1.0 and not estimator.residual_baseline:
             raise RuleError(
