@@ -35,4 +35,6 @@ Lifecycle of a run (module in brackets):
                              `config.yaml` [run]
   end                        close the batch source, the sinks and the gym servers, then end every worker
                              process [run]
+  stop (SIGTERM / SIGINT)    the step in progress ends and is checkpointed, the run closes, Ray shuts down,
+                             exit 143 / 130; a second signal abandons the step [stopping, loop]
 """
