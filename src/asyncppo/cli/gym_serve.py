@@ -93,8 +93,9 @@ def _print_servers(config: RunConfig, server: PolicyServer, gym: BuiltinGym) -> 
     gym_config = config.env.gym
     print(f"policy server: {server.url} (model {gym_config.model_name!r})")
     print(f"head server: {gym.head_url}")
+    keyed = " with Authorization: Bearer <env.gym.api_key>" if gym_config.api_key is not None else ""
     for name, url in gym.agent_urls.items():
-        print(f"agent {name}: {url}  (POST /run)")
+        print(f"agent {name}: {url}  (POST /run{keyed})")
     for name, url in gym.resources_urls.items():
         print(f"resources {name}: {url}")
     train = config.generation.train_profile
