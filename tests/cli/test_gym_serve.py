@@ -102,7 +102,9 @@ def test_gym_serve_runs_a_rollout_answers_openai_clients_and_stops_cleanly_on_si
         },
         "expected_answer": "5",
     }
-    result = httpx.post(f"{agent_url}/run", json=row, timeout=60)
+    # The agent's /run takes the same key as the policy server (it would otherwise lend its key to any caller).
+    assert httpx.post(f"{agent_url}/run", json=row, timeout=60).status_code == 401
+    result = httpx.post(f"{agent_url}/run", json=row, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
     assert result.status_code == 200, result.text
     assert result.json()["reward"] in (0.0, 1.0)  # the tiny model is random; the rollout and verify ran
     assert result.json()["response"]["output"][-1]["prompt_token_ids"]

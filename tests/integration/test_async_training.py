@@ -1,5 +1,7 @@
-"""Async PPO end to end: a run killed with SIGKILL at random moments and resumed each time completes, with
-every prompt it drew trained exactly once or dropped with a reason (checked from the run's own books)."""
+"""Async PPO end to end: a run stopped by SIGTERM, then SIGINT (each a clean stop: exit 143 / 130 within 60 s,
+no traceback, a checkpoint of the step it ended), then killed by SIGKILL at a random moment, and resumed each
+time, completes with every prompt it drew trained exactly once or dropped with a reason (checked from the
+run's own books); and the async demo learns."""
 
 import contextlib
 import json
@@ -20,7 +22,8 @@ from asyncppo.metrics import read_metrics_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HERE = Path(__file__).parent
-NUM_KILLS = 3  # each restart costs a process and Ray start-up; more kills soak-test, not CI
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)  # each restart costs a process and Ray start-up
+CLEAN_STOP_S = 60
 STEPS = 80  # tiny steps take ~0.15 s: enough that five kills land before the end
 
 
@@ -75,7 +78,7 @@ def _completed_steps(run_dir: Path) -> int:
     return len(read_metrics_jsonl(path)) if path.exists() else 0
 
 
-def test_async_run_killed_three_times_loses_and_repeats_no_prompt(
+def test_async_run_stopped_by_sigterm_sigint_and_sigkill_loses_and_repeats_no_prompt(
     cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
 ):
     tree = tiny_run_tree(data_dir, max_num_steps=STEPS, val_at_end=False)
@@ -91,20 +94,34 @@ def test_async_run_killed_three_times_loses_and_repeats_no_prompt(
     config.write_text(yaml.safe_dump(tree))
     chooser = random.Random(1234)
 
-    for kill in range(NUM_KILLS):
+    for stop in STOPS:
         before = _latest_checkpoint(run_dir)
+        logged = log.stat().st_size if log.exists() else 0
         process = _start(config, run_dir, cache_dir, log)
         try:
             # Let it get past start-up and save at least one more checkpoint (so the next start is a resume),
-            # then kill at a random moment.
+            # then stop it at a random moment.
             deadline = time.monotonic() + 180
             while _latest_checkpoint(run_dir) <= before and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert process.poll() is None, f"run {kill} exited early:\n{log.read_text()[-3000:]}"
+            assert process.poll() is None, f"the run before {stop.name} exited early:\n{log.read_text()[-3000:]}"
             time.sleep(chooser.uniform(0.0, 1.0))
+            if stop != signal.SIGKILL:
+                process.send_signal(stop)
+                try:
+                    status = process.wait(timeout=CLEAN_STOP_S)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"{stop.name}: still running {CLEAN_STOP_S} s later:\n{log.read_text()[-3000:]}")
+                output = log.read_bytes()[logged:].decode()
+                assert status == 128 + stop and "Traceback" not in output, output[-3000:]
+                # It finished the step in progress and checkpointed it: the line names the step and the directory.
+                step = _completed_steps(run_dir)
+                checkpoint = run_dir / "checkpoints" / f"step_{step}"
+                assert f"stopped by {stop.name} after step {step}: checkpoint {checkpoint}\n" in output, output[-3000:]
+                assert _latest_checkpoint(run_dir) == step
         finally:
-            _kill_session(process.pid)
-        assert _completed_steps(run_dir) < STEPS, "the run finished before it could be killed; lower the waits"
+            _kill_session(process.pid)  # SIGKILL: the driver and every process Ray started for it
+        assert _completed_steps(run_dir) < STEPS, "the run finished before it could be stopped; lower the waits"
 
     process = _start(config, run_dir, cache_dir, log)
     try:
@@ -122,7 +139,7 @@ def test_async_run_killed_three_times_loses_and_repeats_no_prompt(
     dropped = sum(end - start for ranges in books["dropped"].values() for start, end in ranges)
     # Every drawn id is trained, dropped with a reason, or still waiting in the buffer / pending list.
     assert trained + dropped + len(books["buffered"]) + len(books["pending"]) == books["next_draw_id"]
-    assert log.read_text().count("resumed from") == NUM_KILLS
+    assert log.read_text().count("resumed from") == len(STOPS)
     printed = [line for line in log.read_text().splitlines() if line.startswith("accounting after step")]
     assert len(printed) == 1 and printed[0].startswith(f"accounting after step {STEPS}: "), printed
     # Only `trained` is fixed once the last step ran; the collector keeps drawing until the run closes.

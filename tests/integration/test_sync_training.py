@@ -12,12 +12,15 @@ import torch
 
 from asyncppo.checkpoint import load_run_state, load_state
 from asyncppo.config import validate_tree
+from asyncppo.distributed.process_group import free_port
 from asyncppo.metrics import read_metrics_jsonl
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.models.value import load_value_model, save_value_model, value_head
+from asyncppo.trainer import build
 from asyncppo.trainer.build import build_run
 from asyncppo.trainer.builders import resolve_model_path
 from asyncppo.trainer.loop import train
+from listening_sockets import Listener, listeners, process_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,13 +35,35 @@ def _train(tree: dict[str, Any], run_dir: Path, cache_dir: Path) -> list[dict[st
     return read_metrics_jsonl(run_dir / "metrics.jsonl")
 
 
-def test_non_colocated_run_trains_and_generators_hold_the_trainers_exact_weights(
-    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+def test_non_colocated_run_trains_generators_hold_the_trainers_exact_weights_and_all_listen_on_loopback(
+    ray_cluster: None,
+    cache_dir: Path,
+    data_dir: Path,
+    tmp_path: Path,
+    tiny_run_tree: Callable[..., dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
 ):
     tree = tiny_run_tree(data_dir)
     tree["generation"]["colocated"] = {"enabled": False}
-    os.environ["ASYNCPPO_CACHE_DIR"] = str(cache_dir)
+    monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
+    sync_ports: list[int] = []
+
+    def recorded_free_port() -> int:
+        sync_ports.append(free_port())
+        return sync_ports[-1]
+
+    monkeypatch.setattr(build, "free_port", recorded_free_port)  # to find the weight-sync store among the sockets
     run = build_run(validate_tree(tree), tmp_path)
+    seen: list[list[Listener]] = []
+    log_metrics = run.metrics.log
+
+    def log_and_look(step: int, metrics: dict[str, float]) -> None:
+        # Called by the loop after each step's weight push: every worker and the sync group are up. Ray's
+        # daemons and workers, the sync store, every socket of this process and its descendants, from /proc.
+        seen.append(listeners(process_tree(os.getpid())))
+        log_metrics(step, metrics)
+
+    monkeypatch.setattr(run.metrics, "log", log_and_look)
     try:
         initial = run.policy.weights()
         train(run)
@@ -48,6 +73,11 @@ def test_non_colocated_run_trains_and_generators_hold_the_trainers_exact_weights
         assert run.generator.policy_version() == 2
     finally:
         run.close()
+    assert len(seen) == 2
+    for step_listeners in seen:
+        assert [listener.port for listener in step_listeners if listener.port in sync_ports] == sync_ports
+        exposed = [listener for listener in step_listeners if not listener.is_loopback]
+        assert exposed == [], f"listening beyond loopback: {exposed}"
     assert trained.keys() == generated_with.keys()
     assert all(torch.equal(trained[name], generated_with[name]) for name in trained)
     assert any(not torch.equal(trained[name], initial[name]) for name in trained), "the policy did not train"
@@ -102,8 +132,8 @@ def test_fresh_critic_predicts_zero_before_its_first_update(
 def test_stopped_and_resumed_run_repeats_the_uninterrupted_run(
     ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
 ):
+    # Colocated (three runs of start-up are the cost); non-colocated resumes are covered by the async kill test.
     tree = tiny_run_tree(data_dir, max_num_steps=3)
-    tree["generation"]["colocated"] = {"enabled": False}
     whole = _train(tree, tmp_path / "whole", cache_dir)
 
     stopped = copy.deepcopy(tree)
