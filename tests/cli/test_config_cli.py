@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from asyncppo.cli.main import main
+
 REPO = Path(__file__).parents[2]
 DEMO = "examples/configs/demo.yaml"
 
@@ -51,6 +53,15 @@ def test_config_keys_lists_documented_keys_under_a_prefix():
     assert lines and all(line.startswith("ppo.async_ppo.") for line in lines)
     expected = "ppo.async_ppo.max_trajectory_age_steps (default 1): Staleness window"
     assert any(line.startswith(expected) for line in lines)
+
+
+def test_config_keys_rejects_a_prefix_that_names_no_key(capsys):
+    assert main(["config", "keys", "ppo.async_ppo.max_trajectory_age"]) == 0  # a prefix of a key is enough
+    capsys.readouterr()
+    assert main(["config", "keys", "ppo.asynk_ppo.enabled"]) == 2
+    assert capsys.readouterr().err == (
+        "error: ppo.asynk_ppo.enabled: no config key starts with this prefix; did you mean 'ppo.async_ppo.enabled'?\n"
+    )
 
 
 def test_config_show_drops_the_critic_of_raw_reward_with_one_note():

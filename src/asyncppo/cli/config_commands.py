@@ -4,8 +4,8 @@ import argparse
 
 from pydantic.fields import FieldInfo
 
-from asyncppo.config import RunConfig, dump_config, load_config
-from asyncppo.config.schema_walk import iter_keys
+from asyncppo.config import ConfigError, RunConfig, dump_config, load_config
+from asyncppo.config.schema_walk import iter_keys, suggest
 
 
 def _describe_default(info: FieldInfo) -> str:
@@ -21,9 +21,13 @@ def run_config_command(args: argparse.Namespace) -> int:
     if args.config_command == "show":
         print(dump_config(load_config(args.config, args.overrides)), end="")
         return 0
-    for path, info in iter_keys(RunConfig):
-        if not path.startswith(args.prefix):
-            continue
+    keys = list(iter_keys(RunConfig))
+    matching = [(path, info) for path, info in keys if path.startswith(args.prefix)]
+    if not matching:
+        # An empty listing would read as "this section has no keys"; say the prefix names none, and the closest.
+        hint = suggest("", args.prefix, [path for path, _ in keys])
+        raise ConfigError([f"{args.prefix}: no config key starts with this prefix{hint}"])
+    for path, info in matching:
         description = " ".join((info.description or "").split())
         print(f"{path} ({_describe_default(info)}): {description}")
     return 0
