@@ -1,5 +1,6 @@
 """Sync PPO end to end on a local Ray cluster with the tiny model: colocated and non-colocated runs, exact
-weight sync, checkpoints, and a stopped-then-resumed run that repeats an uninterrupted one exactly."""
+weight sync, checkpoints, and a stopped-then-resumed run that repeats an uninterrupted one exactly (and takes a
+changed LR, recorded in the run directory's config history)."""
 
 import copy
 import os
@@ -9,6 +10,8 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
+from safetensors.torch import load_file
 
 from asyncppo.checkpoint import load_run_state, load_state
 from asyncppo.config import validate_tree
@@ -129,7 +132,7 @@ def test_fresh_critic_predicts_zero_before_its_first_update(
     assert metrics[0]["critic/mean_v_early"] == 0.0
 
 
-def test_stopped_and_resumed_run_repeats_the_uninterrupted_run(
+def test_stopped_and_resumed_run_repeats_the_uninterrupted_run_and_takes_a_changed_lr(
     ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
 ):
     # Colocated (three runs of start-up are the cost); non-colocated resumes are covered by the async kill test.
@@ -143,16 +146,43 @@ def test_stopped_and_resumed_run_repeats_the_uninterrupted_run(
     half = tmp_path / "resumed" / "checkpoints" / "tmp_step_3"
     (half / "policy").mkdir(parents=True)
     (half / "policy" / "model.safetensors").write_bytes(b"partial")
-    resumed = _train(tree, tmp_path / "resumed", cache_dir)
+    # The resume doubles the policy's LR (an allowed change): step 3 must train with it, from the saved moments.
+    changed = copy.deepcopy(tree)
+    lr = validate_tree(tree).model.optimizer.lr
+    changed["model"]["optimizer"] = {"lr": 2 * lr}
+    resumed = _train(changed, tmp_path / "resumed", cache_dir)
 
     assert [m["step"] for m in resumed] == [1, 2, 3]  # metrics.jsonl continues, nothing duplicated
     # Same prompts consumed: the data position after step 3 is identical.
     whole_source = load_state(tmp_path / "whole" / "checkpoints" / "step_3" / "batch_source.pt")
     resumed_source = load_state(tmp_path / "resumed" / "checkpoints" / "step_3" / "batch_source.pt")
     assert whole_source == resumed_source
-    # Same step-3 numbers (deterministic CPU fp32, per-step sampling seeds); wall-clock timings differ.
+    # Same step-3 numbers (deterministic CPU fp32, per-step sampling seeds); wall-clock timings differ, the policy's
+    # LR doubled, and the validation after the step's update sees the update the doubled LR made.
     third_whole, third_resumed = whole[2], resumed[2]
-    compared = [key for key in third_whole if not key.startswith("timing/") and key != "weight_sync/bytes"]
-    assert compared and all(
-        third_whole[key] == pytest.approx(third_resumed[key], rel=1e-5, abs=1e-6) for key in compared
-    )
+    assert third_resumed["policy/lr"] == pytest.approx(2 * third_whole["policy/lr"])
+    compared = [
+        key
+        for key in third_whole
+        if not key.startswith(("timing/", "val/")) and key not in ("weight_sync/bytes", "policy/lr")
+    ]
+    differing = [key for key in compared if third_whole[key] != pytest.approx(third_resumed[key], rel=1e-5, abs=1e-6)]
+    assert compared and differing == []
+
+    # Adam's update is linear in the LR (no weight decay, same gradient and moments): step 3 moved every policy
+    # weight exactly twice as far, which also shows the optimizer state was restored, not rebuilt.
+    def policy(run: str, step: int) -> dict[str, torch.Tensor]:
+        return load_file(tmp_path / run / "checkpoints" / f"step_{step}" / "policy" / "model.safetensors")
+
+    before, after_whole, after_resumed = policy("whole", 2), policy("whole", 3), policy("resumed", 3)
+    moved = max((after_whole[name] - before[name]).abs().max().item() for name in before)
+    assert moved > 1e-6
+    for name, weight in before.items():
+        torch.testing.assert_close(after_resumed[name] - weight, 2 * (after_whole[name] - weight), rtol=1e-3, atol=2e-6)
+    # The run directory keeps the config the run started with and records the resumed attempt's.
+    run_dir = tmp_path / "resumed"
+    started = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert (started["ppo"]["max_num_steps"], started["model"]["optimizer"]["lr"]) == (2, lr)
+    assert sorted(path.name for path in (run_dir / "config_history").iterdir()) == ["01_step2.yaml"]
+    recorded = yaml.safe_load((run_dir / "config_history" / "01_step2.yaml").read_text())
+    assert (recorded["ppo"]["max_num_steps"], recorded["model"]["optimizer"]["lr"]) == (3, 2 * lr)

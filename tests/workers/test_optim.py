@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from asyncppo.config.models import OptimizerConfig, SchedulerConfig
-from asyncppo.workers.optim import build_optimizer, build_scheduler, lr_multiplier
+from asyncppo.workers.optim import apply_optimizer_settings, build_optimizer, build_scheduler, lr_multiplier
 
 ADAM = OptimizerConfig(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8)
 
@@ -75,3 +75,38 @@ def test_optimizer_skips_frozen_parameters_and_states_load_with_weights_only() -
         buffer.seek(0)
         torch.load(buffer, weights_only=True)
     assert scheduler.state_dict()["last_epoch"] == 1
+
+
+def test_a_resumed_optimizer_takes_the_configs_lr_and_keeps_its_moments_and_schedule_position() -> None:
+    # Warm-up W = 4 and 3 steps taken: the next step runs at 3/4 of the peak, with the saved Adam moments.
+    schedule = SchedulerConfig(name="constant", warmup_steps=4, total_steps=None, min_lr_ratio=0.0)
+    parameter = torch.nn.Parameter(torch.ones(2))
+    optimizer = build_optimizer([parameter], ADAM)
+    scheduler = build_scheduler(optimizer, schedule, None)
+    for _ in range(3):
+        parameter.grad = torch.tensor([1.0, -2.0])
+        optimizer.step()
+        scheduler.step()
+    saved_optimizer, saved_scheduler = optimizer.state_dict(), scheduler.state_dict()
+
+    def resumed(settings: OptimizerConfig) -> torch.optim.Optimizer:
+        fresh = build_optimizer([torch.nn.Parameter(parameter.detach().clone())], settings)
+        fresh_scheduler = build_scheduler(fresh, schedule, None)
+        fresh.load_state_dict(saved_optimizer)
+        fresh_scheduler.load_state_dict(saved_scheduler)
+        apply_optimizer_settings(fresh, fresh_scheduler, settings)
+        return fresh
+
+    unchanged = resumed(ADAM)
+    assert unchanged.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == 0.1 * (3 / 4)
+    changed = resumed(OptimizerConfig(lr=0.2, weight_decay=0.01, betas=(0.8, 0.99), eps=1e-6))
+    group = changed.param_groups[0]
+    assert (group["lr"], group["initial_lr"], group["weight_decay"], group["betas"], group["eps"]) == (
+        0.2 * (3 / 4),
+        0.2,
+        0.01,
+        (0.8, 0.99),
+        1e-6,
+    )
+    moments = next(iter(changed.state.values()))
+    assert torch.equal(moments["exp_avg"], next(iter(optimizer.state.values()))["exp_avg"])

@@ -10,8 +10,9 @@
 
 Lifecycle of a run (module in brackets):
 
-  build, before any process  config rules (`check_supported`), training and validation rows loaded,
-                             `config.yaml` written [build]
+  build, before any process  config rules (`check_supported`), training and validation rows loaded, a
+                             resume's config checked against its checkpoint's [build, resume]; right before
+                             Ray: `config.yaml` (a fresh start) or `config_history/` (a changed resume) [resume]
   build                      Ray (local, loopback) -> policy workers (+ the colocated engine) -> value
                              workers (none for raw_reward) -> generator workers and their weight-sync group
                              (non-colocated) -> gym servers and client (`env.should_use_nemo_gym`)

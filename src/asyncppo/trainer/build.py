@@ -12,13 +12,14 @@ from asyncppo.checkpoint import (
     CheckpointManager,
     load_run_state,
 )
-from asyncppo.config import ConfigError, RunConfig, dump_config
+from asyncppo.config import ConfigError, RunConfig
 from asyncppo.distributed.process_group import SyncGroupSpec, free_port
 from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBoardSink
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.trainer import builders
 from asyncppo.trainer.privileged_critic import PrivilegedCritic
+from asyncppo.trainer.resume import check_resume, record_config
 from asyncppo.trainer.run_inputs import (
     FAILURE_BUDGET_KEY,
     RolloutFunctions,
@@ -32,7 +33,7 @@ from asyncppo.workers.ray_host import HostOptions, WorkerGroup, init_local_ray
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
     pass
 
-from asyncppo.trainer.run import CONFIG_FILE, GYM_RESULTS_FILE, WORKER_CALL_TIMEOUT_S, PublishedVersion, Run
+from asyncppo.trainer.run import GYM_RESULTS_FILE, WORKER_CALL_TIMEOUT_S, PublishedVersion, Run
 
 
 def _host_options(device: str, num_gpus: float, max_concurrency: int = 1) -> HostOptions:
@@ -62,8 +63,8 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     """Start Ray and every worker, connect weight sync, and open data, sinks and checkpoints."""
     check_supported(config)
     train_rows, validation_rows = load_data(config)  # before any process starts: a data error costs nothing
+    resume = check_resume(config, run_dir)  # a config that breaks the checkpoint's run is refused here too
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(dump_config(config))
     paths = builders.ModelPaths.resolve(config)
     device = builders.resolve_device(config)
     tokenizer = load_tokenizer(paths.tokenizer)
@@ -71,6 +72,7 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
     engine = builders.engine_settings(config, eos, pad)
     colocated = config.generation.colocated.enabled
     num_gpus = config.cluster.gpus_per_node or None
+    record_config(config, run_dir, resume)  # last before processes start: an attempt refused earlier writes nothing
     init_local_ray(num_cpus=config.cluster.num_cpus, num_gpus=num_gpus, address=config.cluster.ray_address)
 
     groups: list[WorkerGroup[object]] = []

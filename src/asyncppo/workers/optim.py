@@ -2,7 +2,8 @@
 `scheduler` config sections.
 
 The policy and value workers call `build_optimizer` and `build_scheduler` when they start, after a warm start and
-after `load(..., load_optimizer=False)`. The schedule is a multiplier of the peak LR, ticked once per optimizer step.
+after `load(..., load_optimizer=False)`; `load` with the optimizer calls `apply_optimizer_settings` after it restores
+the saved states. The schedule is a multiplier of the peak LR, ticked once per optimizer step.
 """
 
 import math
@@ -82,3 +83,19 @@ def build_scheduler(
         return lr_multiplier(step, settings, total_steps)
 
     return LambdaLR(optimizer, multiplier)
+
+
+def apply_optimizer_settings(optimizer: torch.optim.Optimizer, scheduler: LambdaLR, settings: OptimizerConfig) -> None:
+    """After a checkpoint's optimizer and scheduler states are loaded: the config's peak LR, weight decay, betas
+    and eps win (a resumed run may change them), while Adam's moments and the schedule position stay the
+    checkpoint's. The LR is recomputed as LambdaLR computes it, so an unchanged config resumes bit for bit.
+    """
+    scheduler.base_lrs = [settings.lr] * len(optimizer.param_groups)
+    for group, multiplier in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=True):
+        group.update(
+            initial_lr=settings.lr,
+            weight_decay=settings.weight_decay,
+            betas=tuple(settings.betas),
+            eps=settings.eps,
+            lr=settings.lr * multiplier(scheduler.last_epoch),
+        )

@@ -24,7 +24,7 @@ from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import broadcast_from_rank0
-from asyncppo.workers.optim import build_optimizer, build_scheduler
+from asyncppo.workers.optim import apply_optimizer_settings, build_optimizer, build_scheduler
 from asyncppo.workers.scoring import ScoringModel, TokenForward
 from asyncppo.workers.training import BatchPlan, LossFunction, Normalize, evaluate_pass, train_pass
 
@@ -185,3 +185,4 @@ class TrainedWorker:
         scheduler_state = broadcast_from_rank0(scheduler_state, group)
         assert isinstance(scheduler_state, dict), f"{SCHEDULER_FILE} holds {type(scheduler_state).__name__}"
         self.scheduler.load_state_dict(scheduler_state)
+        apply_optimizer_settings(self.optimizer, self.scheduler, self.settings.optimizer)
