@@ -94,13 +94,3 @@ def test_config_show_refuses_a_file_that_is_not_utf8_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr == f"error: {config}: not UTF-8 text (byte 0xff on line 2); expected a UTF-8 YAML file\n"
-
-
-def test_config_show_checks_the_scheduler_warmup_against_the_run_length():
-    # gym_multi_step warms up for 5 optimizer steps; 2 PPO steps x 2 epochs x 1 global batch make 4.
-    result = _asyncppo("config", "show", "examples/configs/gym_multi_step.yaml", "ppo.max_num_steps=2")
-    assert result.returncode == 2
-    assert result.stderr.startswith(
-        "error: model.scheduler.warmup_steps: 5 is longer than the run's 4 optimizer steps (ppo.max_num_steps=2 x "
-    )
-    assert len(result.stderr.splitlines()) == 1

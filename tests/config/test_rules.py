@@ -378,30 +378,39 @@ def test_max_rollout_turns_is_rejected_before_any_process_starts(tree):
         check_supported(validate_tree(tree))
 
 
-def test_a_decaying_schedule_must_fit_its_warmup_in_the_run(tree):
+def test_a_decaying_schedule_longer_than_the_run_warms_up_over_the_whole_run(tree, capsys):
     # The minimal run: 3 steps x 1 epoch x ceil(2 prompts * 4 generations / 8 per global batch) = 3 optimizer steps.
     tree["model"]["scheduler"] = {"name": "cosine", "warmup_steps": 4}
-    assert _rejected(tree) == (
-        "model.scheduler.warmup_steps: 4 is longer than the run's 3 optimizer steps (ppo.max_num_steps=3 x "
-        "ppo.ppo_epochs=1 x 1 per pass); expected at most 3, or set model.scheduler.total_steps or "
-        "model.scheduler.name: constant"
+    assert validate_tree(tree).model.scheduler.warmup_steps == 3
+    assert capsys.readouterr().err == (
+        "note: model.scheduler.warmup_steps: 4 clamped to 3, the run's optimizer steps (ppo.max_num_steps=3 x "
+        "ppo.ppo_epochs=1 x 1 per pass): the learning rate warms up over the whole run (set "
+        "model.scheduler.total_steps to keep the schedule)\n"
     )
-    tree["model"]["scheduler"]["warmup_steps"] = 3
-    validate_tree(tree)
+    tree["model"]["scheduler"]["warmup_steps"] = 3  # fits: kept, no note
+    assert validate_tree(tree).model.scheduler.warmup_steps == 3
     tree["model"]["scheduler"] = {"name": "constant", "warmup_steps": 4}  # constant never decays: no length needed
-    validate_tree(tree)
+    assert validate_tree(tree).model.scheduler.warmup_steps == 4
+    assert capsys.readouterr().err == ""
 
 
-def test_the_critic_schedule_counts_the_critic_passes_and_its_global_batch(tree):
+def test_the_critic_schedule_counts_the_critic_passes_and_its_global_batch(tree, capsys):
     # 3 steps x 2 critic epochs x ceil(8 samples / 4 per global batch) = 12 optimizer steps.
     tree["ppo"]["critic_ppo_epochs"] = 2
     tree["value"].update(train_global_batch_size=4, scheduler={"name": "linear", "warmup_steps": 13})
-    assert _rejected(tree).startswith(
-        "value.scheduler.warmup_steps: 13 is longer than the run's 12 optimizer steps (ppo.max_num_steps=3 x "
+    config = validate_tree(tree)
+    assert config.value is not None and config.value.scheduler.warmup_steps == 12
+    assert capsys.readouterr().err.startswith(
+        "note: value.scheduler.warmup_steps: 13 clamped to 12, the run's optimizer steps (ppo.max_num_steps=3 x "
         "ppo.critic_ppo_epochs=2 x 2 per pass)"
     )
-    tree["value"]["scheduler"]["warmup_steps"] = 12
-    validate_tree(tree)
+
+
+def test_a_dropped_critic_schedule_is_not_fitted(tree, capsys):
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
+    tree["value"]["scheduler"] = {"name": "linear", "warmup_steps": 13}
+    assert validate_tree(tree).value is None
+    assert "value.scheduler" not in capsys.readouterr().err
 
 
 def test_an_explicit_schedule_length_must_cover_the_warmup(tree):

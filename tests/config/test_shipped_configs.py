@@ -8,7 +8,7 @@ from asyncppo.config import load_config
 
 REPO = Path(__file__).parents[2]
 SKIPPED_DIRS = {".venv", ".git", "runs", "build", "dist", "node_modules", ".cache", ".whl"}
-RUN_CONFIG_DIRS = (REPO / "examples" / "configs",)
+RUN_CONFIG_DIRS = (REPO / "examples" / "configs", REPO / "examples" / "rewards")
 
 
 def _repo_yaml_files() -> list[Path]:

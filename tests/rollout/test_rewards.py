@@ -1,8 +1,9 @@
 """Reward functions on hand cases, and resolving them from a config string."""
 
 import math
+import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from asyncppo.rollout import rewards
 from asyncppo.rollout.rewards import (
     RewardFunctionError,
+    RewardModuleNotFoundError,
+    RewardSpecError,
     checked_reward,
     exact_match_reward,
     last_boxed_content,
@@ -120,6 +123,54 @@ def test_builtin_and_module_reward_functions_resolve_by_name() -> None:
 def test_unresolvable_reward_specs_are_value_errors(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_reward_function(spec)
+
+
+@pytest.fixture
+def fresh_modules() -> Iterator[None]:
+    """Modules a test imports from its tmp directory are forgotten afterwards (their names are reused)."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def test_a_reward_module_imports_from_the_search_dirs_which_leave_the_import_path_after(tmp_path, fresh_modules):
+    (tmp_path / "beside_the_config.py").write_text(
+        "from reward_helper import EXPECTED\n\ndef reward(response_text, row):\n    return EXPECTED\n"
+    )
+    (tmp_path / "reward_helper.py").write_text("EXPECTED = 0.5\n")  # a sibling import works during the import
+    path_before = list(sys.path)
+    reward = load_reward_function("beside_the_config:reward", [tmp_path])
+    assert reward("any text", {}) == 0.5
+    assert sys.path == path_before
+
+
+def test_a_reward_module_on_no_search_path_is_reported_as_not_found(tmp_path, fresh_modules):
+    with pytest.raises(RewardModuleNotFoundError) as caught:
+        load_reward_function("not_written_yet:reward", [tmp_path])
+    assert caught.value.module_name == "not_written_yet"
+
+
+def test_a_reward_module_that_fails_while_importing_names_the_error(tmp_path, fresh_modules):
+    (tmp_path / "broken_reward.py").write_text("import a_package_nobody_installed\n")
+    path_before = list(sys.path)
+    with pytest.raises(RewardSpecError) as caught:
+        load_reward_function("broken_reward:reward", [tmp_path])
+    assert not isinstance(caught.value, RewardModuleNotFoundError)
+    assert str(caught.value) == (
+        "importing module 'broken_reward' raised ModuleNotFoundError: No module named 'a_package_nobody_installed'; "
+        "fix the module (or install what it imports)"
+    )
+    assert sys.path == path_before
+
+
+def _keyword_only_row(response_text: str, *, row: Mapping[str, Any]) -> float:
+    return 0.0
+
+
+def test_a_reward_function_must_take_the_text_and_the_row_positionally() -> None:
+    with pytest.raises(RewardSpecError, match=r"has the signature \(response_text: str, \*, row: "):
+        load_reward_function(f"{__name__}:_keyword_only_row")
 
 
 def _nan_reward(response_text: str, row: Mapping[str, Any]) -> float:

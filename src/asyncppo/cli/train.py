@@ -15,6 +15,8 @@ def run_train_command(args: argparse.Namespace) -> int:
     """Train with the given config; the run directory gets config, metrics, checkpoints, plots, TensorBoard."""
     config = load_config(args.config, args.overrides)
     run_dir = Path(args.run_dir or config.logger.log_dir)
-    outcome = train_until_done_or_stopped(config, run_dir)
+    # The config's directory is searched for `env.reward_function: module:function` (with the working directory),
+    # so a reward module beside the config imports without PYTHONPATH.
+    outcome = train_until_done_or_stopped(config, run_dir, config_dir=Path(args.config).resolve().parent)
     print(outcome.stopped_line or f"run directory: {run_dir}", flush=True)
     return outcome.exit_status

@@ -141,35 +141,54 @@ class RunConfig(Section):
                 f"{weight} needs ppo.adv_estimator.residual_baseline: true (homogeneous groups are defined by it)",
             )
 
-    def _check_schedules(self) -> None:
-        """A decaying schedule must fit its warmup in its length; the workers refuse it only once Ray has started."""
+    def _trained_schedules(self) -> list[tuple[str, TrainedModelConfig, str, int]]:
+        """(section key, section, epochs key, epochs) of each trained model: the policy, and the critic if any."""
         trained: list[tuple[str, TrainedModelConfig, str, int]] = [
             ("model", self.model, "ppo.ppo_epochs", self.ppo.ppo_epochs)
         ]
         if self.value is not None and self.ppo.adv_estimator.uses_critic:
             trained.append(("value", self.value, "ppo.critic_ppo_epochs", self.ppo.resolved_critic_ppo_epochs))
-        for key, section, passes_key, passes in trained:
+        return trained
+
+    def _check_schedules(self) -> None:
+        """A decaying schedule of explicit length must fit its warmup; the workers would refuse it only once Ray has
+        started. (A derived length shorter than the warmup is fitted instead: `_fit_warmup_to_the_run`.)"""
+        for key, section, _, _ in self._trained_schedules():
             scheduler = section.scheduler
-            warmup = scheduler.warmup_steps
-            if scheduler.name == "constant":
-                continue
-            if scheduler.total_steps is not None:
-                if scheduler.total_steps < warmup:
-                    raise RuleError(
-                        f"{key}.scheduler.warmup_steps",
-                        f"{warmup} is longer than {key}.scheduler.total_steps={scheduler.total_steps}; expected at "
-                        f"most {scheduler.total_steps}",
-                    )
-                continue
-            per_pass = self.optimizer_steps_per_pass(section)
-            total = self.ppo.max_num_steps * passes * per_pass
-            if total < warmup:
+            total = scheduler.total_steps
+            if scheduler.name != "constant" and total is not None and total < scheduler.warmup_steps:
                 raise RuleError(
                     f"{key}.scheduler.warmup_steps",
-                    f"{warmup} is longer than the run's {total} optimizer steps (ppo.max_num_steps="
-                    f"{self.ppo.max_num_steps} x {passes_key}={passes} x {per_pass} per pass); expected at most "
-                    f"{total}, or set {key}.scheduler.total_steps or {key}.scheduler.name: constant",
+                    f"{scheduler.warmup_steps} is longer than {key}.scheduler.total_steps={total}; expected at most "
+                    f"{total}",
                 )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _fit_warmup_to_the_run(cls, data: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo) -> Self:
+        """A decaying schedule whose length is derived (no scheduler.total_steps) and shorter than its warmup warms
+        up over the whole run instead, with a note naming both keys: shortening a run (`ppo.max_num_steps=2`) must
+        not need a warmup edit. Defined after `_drop_unused_critic` so that it wraps it (a dropped critic is not
+        fitted)."""
+        config = handler(data)
+        updates: dict[str, Any] = {}
+        for key, section, passes_key, passes in config._trained_schedules():
+            scheduler = section.scheduler
+            if scheduler.name == "constant" or scheduler.total_steps is not None:
+                continue
+            per_pass = config.optimizer_steps_per_pass(section)
+            total = config.ppo.max_num_steps * passes * per_pass
+            if scheduler.warmup_steps <= total:
+                continue
+            add_note(
+                info,
+                f"{key}.scheduler.warmup_steps: {scheduler.warmup_steps} clamped to {total}, the run's optimizer steps "
+                f"(ppo.max_num_steps={config.ppo.max_num_steps} x {passes_key}={passes} x {per_pass} per pass): the "
+                f"learning rate warms up over the whole run (set {key}.scheduler.total_steps to keep the schedule)",
+            )
+            fitted = scheduler.model_copy(update={"warmup_steps": total})
+            updates[key] = section.model_copy(update={"scheduler": fitted})
+        return config.model_copy(update=updates) if updates else config
 
     def optimizer_steps_per_pass(self, section: TrainedModelConfig) -> int:
         """Optimizer steps of one pass over a step's batch: ceil(step batch / section.train_global_batch_size)."""

@@ -14,6 +14,17 @@ PROMPT_KEY = "prompt"
 MESSAGES_KEY = "messages"
 
 
+class MissingPromptFieldError(ValueError):
+    """A row holds neither prompt field; `where` names the file and row, `fields` lists the fields it has."""
+
+    def __init__(self, where: str, wanted: tuple[str, ...], fields: list[str]):
+        self.where = where
+        self.wanted = wanted
+        self.fields = fields
+        shown = " or ".join(repr(key) for key in wanted)
+        super().__init__(f"{where}: has no prompt field {shown}; keys found: {fields}")
+
+
 def load_rows(
     path: str | Path,
     prompt_key: str | None = PROMPT_KEY,
@@ -78,8 +89,12 @@ def load_gym_rows(path: str | Path, split: str | None = None) -> list[dict[str, 
 def _read_jsonl(path: Path) -> tuple[list[int], list[dict[str, Any]]]:
     """(1-based line numbers, objects) of the non-blank lines of a JSONL file."""
     line_numbers, rows = [], []
-    with path.open(encoding="utf-8") as file:
-        for line_number, line in enumerate(file, start=1):
+    with path.open("rb") as file:
+        for line_number, raw_line in enumerate(file, start=1):
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path} line {line_number}: not UTF-8 text ({error.reason})") from None
             if not line.strip():
                 continue
             try:
@@ -119,8 +134,8 @@ def _canonical_row(row: dict[str, Any], prompt_key: str | None, messages_key: st
     messages = row.get(messages_key) if messages_key is not None else None
     prompt = row.get(prompt_key) if prompt_key is not None else None
     if messages is None and prompt is None:
-        wanted = " or ".join(repr(key) for key in (messages_key, prompt_key) if key is not None)
-        raise ValueError(f"{where}: has no prompt field {wanted}; keys found: {sorted(row)}")
+        wanted = tuple(key for key in (messages_key, prompt_key) if key is not None)
+        raise MissingPromptFieldError(where, wanted, sorted(row))
     canonical = {key: value for key, value in row.items() if key not in (prompt_key, messages_key)}
     for name, key, value in ((PROMPT_KEY, prompt_key, prompt), (MESSAGES_KEY, messages_key, messages)):
         if value is None:

@@ -2,15 +2,18 @@
 
 `run_single_turn_rollouts` calls them once per generation (from the collector's threads in async runs), through
 `checked_reward`, which turns a non-number or a non-finite reward into a RewardFunctionError naming the function
-and the row; the CLI builders turn the config's `reward_function` string into a callable with
-`load_reward_function`.
+and the row; the trainer's pre-flight turns the config's `reward_function` string into a callable with
+`load_reward_function` (which checks the module imports and the signature fits).
 """
 
 import importlib
+import inspect
 import math
 import re
+import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 try:  # optional: symbolic comparison of LaTeX / expressions (pip package `math-verify`)
@@ -137,23 +140,93 @@ def math_reward(response_text: str, row: Mapping[str, Any]) -> float:
 BUILTIN_REWARD_FUNCTIONS: dict[str, RewardFunction] = {"math": math_reward, "exact_match": exact_match_reward}
 
 
-def load_reward_function(spec: str) -> RewardFunction:
-    """ "math", "exact_match", or "package.module:function" (imported; dotted attributes allowed after the colon)."""
+class RewardSpecError(ValueError):
+    """env.reward_function names no usable function; the message says what is wrong and what to do."""
+
+
+class RewardModuleNotFoundError(RewardSpecError):
+    """The module of a `module:function` spec is on no search path (as opposed to failing while it runs)."""
+
+    def __init__(self, module_name: str, detail: str):
+        super().__init__(f"cannot import module {module_name!r} ({detail})")
+        self.module_name = module_name
+        self.detail = detail
+
+
+def load_reward_function(spec: str, search_dirs: Sequence[Path] = ()) -> RewardFunction:
+    """A built-in ("math", "exact_match") or "module:function" (dotted attributes allowed after the colon).
+
+    The module is imported with `search_dirs` in front of sys.path, for the import only: the trainer passes the
+    config file's directory and the working directory, so a `mymod.py` beside either imports without PYTHONPATH,
+    and its own top-level imports of files beside it work. They are removed afterwards so that a file there
+    (say a `random.py`) cannot shadow a module the trainer imports later. The function must accept
+    `(response_text, row)` positionally. RewardSpecError (RewardModuleNotFoundError when the module is on no
+    path) says what is wrong otherwise.
+    """
     if spec in BUILTIN_REWARD_FUNCTIONS:
         return BUILTIN_REWARD_FUNCTIONS[spec]
     module_name, colon, attribute_path = spec.partition(":")
     if not colon or not module_name or not attribute_path:
-        raise ValueError(
-            f"reward function {spec!r}: expected one of {sorted(BUILTIN_REWARD_FUNCTIONS)} or 'module:function'"
+        raise RewardSpecError(
+            f"{spec!r} is not a built-in reward function; expected one of {sorted(BUILTIN_REWARD_FUNCTIONS)} or "
+            "'module:function'"
         )
-    try:
-        target: object = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise ValueError(f"reward function {spec!r}: cannot import module {module_name!r} ({error})") from error
+    target: object = _import_reward_module(module_name, search_dirs)
     for attribute in attribute_path.split("."):
         if not hasattr(target, attribute):
-            raise ValueError(f"reward function {spec!r}: module {module_name!r} has no attribute {attribute_path!r}")
+            raise RewardSpecError(
+                f"module {module_name!r} ({getattr(target, '__file__', None) or 'no file'}) has no attribute "
+                f"{attribute_path!r}; define `def {attribute_path.rpartition('.')[2]}(response_text, row)` there "
+                "or fix the name after the colon"
+            )
         target = getattr(target, attribute)
     if not callable(target):
-        raise ValueError(f"reward function {spec!r}: {attribute_path!r} is a {type(target).__name__}, not callable")
-    return target  # pyright: ignore[reportReturnType]  # the signature is the user's contract
+        raise RewardSpecError(
+            f"{attribute_path!r} is a {type(target).__name__}, not callable (in module {module_name!r}); it must be "
+            "a function reward(response_text, row) -> float"
+        )
+    _check_signature(target, spec)
+    return target  # pyright: ignore[reportReturnType]  # the signature was bound to two positional arguments
+
+
+def _import_reward_module(module_name: str, search_dirs: Sequence[Path]) -> object:
+    added = [str(directory) for directory in search_dirs]
+    sys.path[:0] = added
+    importlib.invalidate_caches()  # a directory listed before the module file was written is read again
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):  # the module itself, or its package
+            raise RewardModuleNotFoundError(module_name, f"ModuleNotFoundError: {error}") from None
+        raise RewardSpecError(_failed_import(module_name, error)) from error
+    # Importing the user's module runs arbitrary code: whatever it raises is a mistake in the config's module, to
+    # be reported in one line before any process starts, not a crash of the trainer.
+    except Exception as error:
+        raise RewardSpecError(_failed_import(module_name, error)) from error
+    finally:
+        for entry in added:
+            sys.path.remove(entry)  # the first occurrence: ours, at the front
+
+
+def _failed_import(module_name: str, error: BaseException) -> str:
+    first_line = (str(error).splitlines() or [""])[0]
+    return (
+        f"importing module {module_name!r} raised {type(error).__name__}: {first_line}; fix the module (or install "
+        "what it imports)"
+    )
+
+
+def _check_signature(function: Callable[..., object], spec: str) -> None:
+    """RewardSpecError unless `function` can be called as function(response_text, row)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # some C callables carry no signature: their first call is their check
+        return
+    try:
+        signature.bind("response text", {})
+    except TypeError as error:
+        raise RewardSpecError(
+            f"{spec!r} has the signature {signature} and cannot be called as reward(response_text, row) ({error}); "
+            "it must accept two positional arguments: the generated text and the data row"
+        ) from None

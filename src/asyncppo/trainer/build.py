@@ -2,7 +2,8 @@
 
     build_run(config, run_dir) -> Run: policy / value / generation groups, WeightSync (non-colocated),
                                        BatchSource, validation rows, MetricsLogger, CheckpointManager
-`check_supported` refuses what this build cannot place before any process starts.
+`preflight` (trainer/preflight.py) checks sinks, reward function and data, and `check_supported` refuses what this
+build cannot place, both before any process starts.
 """
 
 from pathlib import Path
@@ -18,13 +19,13 @@ from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBo
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.trainer import builders
+from asyncppo.trainer.preflight import preflight
 from asyncppo.trainer.privileged_critic import PrivilegedCritic
 from asyncppo.trainer.resume import check_resume, record_config
 from asyncppo.trainer.run_inputs import (
     FAILURE_BUDGET_KEY,
     RolloutFunctions,
     batch_source,
-    load_data,
     single_turn_rollouts,
 )
 from asyncppo.workers.groups import GeneratorGroup, PolicyGroup, ValueGroup, WeightSync
@@ -59,10 +60,14 @@ def check_supported(config: RunConfig) -> None:
         check_builtin_resources(config.env.gym.resources)
 
 
-def build_run(config: RunConfig, run_dir: Path) -> Run:
-    """Start Ray and every worker, connect weight sync, and open data, sinks and checkpoints."""
+def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) -> Run:
+    """Start Ray and every worker, connect weight sync, and open data, sinks and checkpoints.
+
+    `config_dir`: the directory of the config file, searched (with the working directory) for the reward module.
+    """
+    checked = preflight(config, config_dir)  # before anything is written or started: a mistake costs nothing
     check_supported(config)
-    train_rows, validation_rows = load_data(config)  # before any process starts: a data error costs nothing
+    train_rows, validation_rows = checked.train_rows, checked.validation_rows
     resume = check_resume(config, run_dir)  # a config that breaks the checkpoint's run is refused here too
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = builders.ModelPaths.resolve(config)
@@ -146,7 +151,8 @@ def build_run(config: RunConfig, run_dir: Path) -> Run:
             StepFailureBudget(config.env.gym.max_failed_groups_per_step, FAILURE_BUDGET_KEY),
         )
     else:
-        rollouts = single_turn_rollouts(config, generator, tokenizer, eos)
+        assert checked.reward_function is not None, "preflight loads it for every run without the gym"
+        rollouts = single_turn_rollouts(config, generator, tokenizer, eos, checked.reward_function)
     checkpoints = None
     if config.checkpointing.enabled:
         checkpoint_dir = Path(config.checkpointing.checkpoint_dir or run_dir / "checkpoints")

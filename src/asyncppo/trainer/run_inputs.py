@@ -8,16 +8,17 @@
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from asyncppo.config import RunConfig
+from asyncppo.config import ConfigError, RunConfig
 from asyncppo.data.prompt_stream import PromptStream
-from asyncppo.data.rows import load_gym_rows, load_rows, split_rows
+from asyncppo.data.rows import MissingPromptFieldError, load_gym_rows, load_rows, split_rows
 from asyncppo.generation.protocol import SamplingParams
 from asyncppo.pipeline.async_source import build_async_source
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.sources import BatchSource, GroupRolloutFn, SyncBatchSource, strict_group_rollouts
-from asyncppo.rollout.rewards import load_reward_function
+from asyncppo.rollout.rewards import RewardFunction
 from asyncppo.rollout.single_turn import run_single_turn_rollouts
 from asyncppo.trainer import builders
 from asyncppo.types import Trajectory
@@ -40,10 +41,10 @@ class RolloutFunctions:
 
 
 def single_turn_rollouts(
-    config: RunConfig, generator: GeneratorGroup, tokenizer: Any, eos: tuple[int, ...]
+    config: RunConfig, generator: GeneratorGroup, tokenizer: Any, eos: tuple[int, ...], reward_fn: RewardFunction
 ) -> RolloutFunctions:
-    """Reward-function rollouts: one generation per sample from the row's prompt, scored by env.reward_function."""
-    reward_fn = load_reward_function(config.env.reward_function)
+    """Reward-function rollouts: one generation per sample from the row's prompt, scored by `reward_fn` (the
+    function env.reward_function names, loaded and checked by the pre-flight)."""
     max_prompt_tokens = config.data.max_input_seq_length or (
         config.model.max_total_sequence_length - config.generation.max_new_tokens
     )
@@ -114,14 +115,44 @@ def batch_source(
 
 
 def load_data(config: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, validation rows) of data.train_path and data.validation_path (else split off the training
+    rows); a missing, empty or malformed file, or a row without the prompt field, is a ConfigError naming the key.
+
+    Relative paths resolve from the working directory (the process's, not the config file's).
+    """
     data = config.data
 
-    def load(path: str) -> list[dict[str, Any]]:
-        if config.env.should_use_nemo_gym:
-            return load_gym_rows(path)
-        return load_rows(path, prompt_key=data.prompt_key, messages_key=data.messages_key)
+    def load(key: str, path: str) -> list[dict[str, Any]]:
+        if not Path(path).exists():
+            raise ConfigError(
+                [
+                    f"{key}: {path!r} does not exist (relative paths resolve from the working directory {Path.cwd()}); "
+                    "give the path of a .jsonl file or of a datasets save_to_disk directory"
+                ]
+            )
+        try:
+            if config.env.should_use_nemo_gym:
+                rows = load_gym_rows(path)
+            else:
+                rows = load_rows(path, prompt_key=data.prompt_key, messages_key=data.messages_key)
+        except MissingPromptFieldError as error:
+            raise ConfigError(
+                [
+                    f"data.prompt_key: {error.where} has neither the prompt field {data.prompt_key!r} "
+                    f"(data.prompt_key) nor the chat field {data.messages_key!r} (data.messages_key), only "
+                    f"{error.fields}; set data.prompt_key or data.messages_key to the field that holds the prompt"
+                ]
+            ) from None
+        except (ValueError, OSError) as error:
+            raise ConfigError([f"{key}: {error}; fix the file or point {key} at another"]) from None
+        if not rows:
+            raise ConfigError([f"{key}: {path} holds no rows; expected one JSON object per line (with a prompt field)"])
+        return rows
 
-    rows = load(data.train_path)
+    rows = load("data.train_path", data.train_path)
     if data.validation_path is not None:
-        return rows, load(data.validation_path)
-    return split_rows(rows, data.validation_fraction, config.ppo.seed)
+        return rows, load("data.validation_path", data.validation_path)
+    try:
+        return split_rows(rows, data.validation_fraction, config.ppo.seed)
+    except ValueError as error:
+        raise ConfigError([f"data.validation_fraction: {error}; lower it or add training rows"]) from None

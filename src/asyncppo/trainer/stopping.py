@@ -68,15 +68,20 @@ class RunOutcome:
     stopped_line: str | None
 
 
-def train_until_done_or_stopped(config: RunConfig, run_dir: Path) -> RunOutcome:
-    """Build, train and close the run, with SIGTERM / SIGINT handled as the module docstring says."""
+def train_until_done_or_stopped(config: RunConfig, run_dir: Path, config_dir: Path | None = None) -> RunOutcome:
+    """Build, train and close the run, with SIGTERM / SIGINT handled as the module docstring says.
+
+    `config_dir`: the config file's directory, searched for the reward function's module (see build_run).
+    """
     stop = SignalStop()
     run: Run | None = None
     completed: int | None = None
     with stop.installed():
         try:
             try:
-                run = build_run(config, run_dir)  # starts Ray after our handlers; init_local_ray puts ours back
+                run = build_run(
+                    config, run_dir, config_dir
+                )  # starts Ray after our handlers; init_local_ray puts ours back
                 try:
                     completed = train(run, stop_requested=stop.requested)
                 finally:

@@ -1,0 +1,106 @@
+"""Pre-flight: everything about a run that can be checked before any process starts, checked first.
+
+`build_run` calls `preflight` before it writes anything or starts Ray. Each mistake becomes one line of a
+ConfigError, `<key path>: <problem>; <what to do>` (the CLI prints it as `error: ...` and exits 2):
+
+    logger.wandb_enabled / mlflow_enabled  the optional package is installed
+    env.reward_function                    the module imports, the function exists and takes (response_text, row)
+    data.*                                 files exist, parse, hold rows, and the rows have the prompt field
+
+The independent checks all run, so one attempt reports every mistake. What they load (rows, the reward function)
+is returned for the build to use, so nothing is loaded twice. The scheduler's warmup is fitted to the run's
+length when the config is validated (config/schema.py), earlier still.
+"""
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from asyncppo.config import ConfigError, RunConfig
+from asyncppo.rollout.rewards import RewardFunction, RewardModuleNotFoundError, RewardSpecError, load_reward_function
+from asyncppo.trainer.run_inputs import load_data
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CheckedInputs:
+    """What the pre-flight loaded: the data rows and, for reward-function runs, the reward function."""
+
+    train_rows: list[dict[str, Any]]
+    validation_rows: list[dict[str, Any]]
+    reward_function: RewardFunction | None
+    """None for gym runs (the environment scores)."""
+
+
+def preflight(config: RunConfig, config_dir: Path | None = None) -> CheckedInputs:
+    """Check sinks, reward function and data; ConfigError with one line per mistake found.
+
+    `config_dir` is the directory of the config file the run came from (None when it came from elsewhere): it
+    and the working directory are searched first for the reward function's module.
+    """
+    problems: list[str] = []
+
+    def checked(check: Callable[[], T]) -> T | None:
+        try:
+            return check()
+        except ConfigError as error:
+            problems.extend(error.lines)
+            return None
+
+    checked(lambda: check_optional_packages(config))
+    reward = None
+    if not config.env.should_use_nemo_gym:
+        reward = checked(lambda: check_reward_function(config.env.reward_function, config_dir))
+    data = checked(lambda: load_data(config))
+    if problems:
+        raise ConfigError(problems)
+    assert data is not None
+    return CheckedInputs(data[0], data[1], reward)
+
+
+OPTIONAL_SINK_PACKAGES = (("logger.wandb_enabled", "wandb"), ("logger.mlflow_enabled", "mlflow"))
+"""(the key that enables a remote sink, the package it imports); each is also an extra of asyncppo."""
+
+
+def check_optional_packages(config: RunConfig) -> None:
+    """ConfigError naming each enabled sink whose package is not installed."""
+    enabled = {
+        "logger.wandb_enabled": config.logger.wandb_enabled,
+        "logger.mlflow_enabled": config.logger.mlflow_enabled,
+    }
+    missing = [
+        f"{key}: true needs the {package!r} package, which is not installed; `pip install {package}` (or the "
+        f"extra: `pip install 'asyncppo[{package}]'`), or set {key}: false"
+        for key, package in OPTIONAL_SINK_PACKAGES
+        if enabled[key] and importlib.util.find_spec(package) is None
+    ]
+    if missing:
+        raise ConfigError(missing)
+
+
+def check_reward_function(spec: str, config_dir: Path | None) -> RewardFunction:
+    """The function env.reward_function names, imported with the config's directory and the working directory
+    in front of the import path; ConfigError when it does not import or cannot take (response_text, row)."""
+    key = "env.reward_function"
+    working_dir = Path.cwd()
+    search_dirs = [working_dir] if config_dir is None else [config_dir, working_dir]
+    try:
+        return load_reward_function(spec, search_dirs)
+    except RewardModuleNotFoundError as error:
+        searched = (
+            f"the working directory {working_dir} is"
+            if config_dir is None
+            else f"the config's directory {config_dir} and the working directory {working_dir} are"
+        )
+        module_file = error.module_name.replace(".", "/") + ".py"
+        raise ConfigError(
+            [
+                f"{key}: cannot import module {error.module_name!r} ({error.detail}); {searched} on the import "
+                f"path: put {module_file} there, or install the module"
+            ]
+        ) from None
+    except RewardSpecError as error:
+        raise ConfigError([f"{key}: {error}"]) from None
