@@ -134,8 +134,9 @@ def _summary_html(runs: Sequence[RunRecord]) -> str:
 
 
 def _contents_html() -> str:
-    links = [(section.anchor, section.title) for section in SECTIONS] + [("timing", "Step time"), ("config", "Config")]
-    items = " | ".join(f'<a href="#{anchor}">{html.escape(title)}</a>' for anchor, title in links)
+    links = [(section.anchor, section.heading) for section in SECTIONS]
+    links += [("timing", "Step time"), ("config", "Config")]
+    items = " | ".join(f'<a href="#{anchor}">{html.escape(heading)}</a>' for anchor, heading in links)
     return f"<p>{items}</p>\n"
 
 

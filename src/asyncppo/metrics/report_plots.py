@@ -37,7 +37,7 @@ class PanelData:
     `bands[key]` optionally gives, per run, the spread (std) shaded around the curve: mean +- std.
     """
 
-    title: str
+    caption: str
     curves: dict[str, list[Curve | None]]
     bands: dict[str, list[Curve | None]]
 
@@ -139,7 +139,7 @@ def _draw_panel(axes: Axes, panel: PanelData, run_names: Sequence[str]) -> None:
                 low = [value - width for value, width in zip(curve.values, spread, strict=True)]
                 high = [value + width for value, width in zip(curve.values, spread, strict=True)]
                 axes.fill_between(curve.steps, low, high, color=color, alpha=0.15, linewidth=0)
-    axes.set_title(_plain(panel.title), fontsize="medium")
+    axes.set_title(_plain(panel.caption), fontsize="medium")
     axes.set_xlabel("step")
     axes.grid(alpha=0.3)
     if len(axes.get_lines()) > 1 or several_runs:

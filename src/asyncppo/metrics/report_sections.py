@@ -22,16 +22,16 @@ class Panel:
     `band` maps a key to the key of its spread (mean +- std is shaded).
     """
 
-    title: str
+    caption: str
     keys: tuple[str, ...]
     band: Mapping[str, str] = field(default_factory=dict[str, str])
 
 
 @dataclass(frozen=True)
 class Section:
-    """A titled group of panels. `other_keys_under`: every key under this prefix not in a panel gets its own."""
+    """A headed group of panels. `other_keys_under`: every key under this prefix not in a panel gets its own."""
 
-    title: str
+    heading: str
     anchor: str
     about: str
     panels: tuple[Panel, ...]
@@ -154,7 +154,7 @@ def section_html(section: Section, runs: Sequence[Records], run_names: Sequence[
     for panel in section.panels:
         keys = _expanded(panel.keys, logged)
         listed.update(keys)
-        data = _panel_data(panel.title, keys, panel.band, runs)
+        data = _panel_data(panel.caption, keys, panel.band, runs)
         if data is not None:
             panels.append(data)
     if section.other_keys_under is not None:
@@ -162,11 +162,11 @@ def section_html(section: Section, runs: Sequence[Records], run_names: Sequence[
             data = _panel_data(key, (key,), {}, runs)
             if data is not None:
                 panels.append(data)
-    heading = f'<h2 id="{section.anchor}">{html.escape(section.title)}</h2>\n'
+    heading = f'<h2 id="{section.anchor}">{html.escape(section.heading)}</h2>\n'
     if not panels:
         return heading + f'<p class="absent">{_absent_line(section, len(runs))}</p>\n'
     image = figure_png_base64(panels, run_names)
-    return heading + f"<p>{html.escape(section.about)}</p>\n" + _img(image, section.title)
+    return heading + f"<p>{html.escape(section.about)}</p>\n" + _img(image, section.heading)
 
 
 def timing_section_html(runs: Sequence[Records], run_names: Sequence[str]) -> str:
@@ -197,20 +197,22 @@ def _expanded(keys: Sequence[str], logged: set[str]) -> list[str]:
     return expanded
 
 
-def _panel_data(title: str, keys: Sequence[str], band: Mapping[str, str], runs: Sequence[Records]) -> PanelData | None:
+def _panel_data(
+    caption: str, keys: Sequence[str], band: Mapping[str, str], runs: Sequence[Records]
+) -> PanelData | None:
     curves = {key: [curve_of(records, key) for records in runs] for key in keys}
     curves = {key: per_run for key, per_run in curves.items() if any(curve is not None for curve in per_run)}
     if not curves:
         return None
     bands = {key: [curve_of(records, band[key]) for records in runs] for key in curves if key in band}
-    return PanelData(title, curves, bands)
+    return PanelData(caption, curves, bands)
 
 
 def _absent_line(section: Section, num_runs: int) -> str:
     keys = [key for panel in section.panels for key in panel.keys]
     looked_for = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
     where = "this run" if num_runs == 1 else "either run"
-    return html.escape(f"No {section.title.lower()} metric was logged in {where} (looked for {looked_for}).")
+    return html.escape(f"No {section.heading.lower()} metric was logged in {where} (looked for {looked_for}).")
 
 
 def _timing_table(runs: Sequence[Records], run_names: Sequence[str]) -> str:
