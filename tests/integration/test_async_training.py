@@ -1,7 +1,7 @@
 """Async PPO end to end: a run stopped by SIGTERM, then SIGINT (each a clean stop: exit 143 / 130 within 60 s,
 no traceback, a checkpoint of the step it ended), then killed by SIGKILL at a random moment, and resumed each
 time, completes with every prompt it drew trained exactly once or dropped with a reason (checked from the
-run's own books); and the async demo learns."""
+run's own books), and every run that was not killed wrote the run report; and the async demo learns."""
 
 import contextlib
 import json
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +141,35 @@ def test_async_run_stopped_by_sigterm_sigint_and_sigkill_loses_and_repeats_no_pr
     # Every drawn id is trained, dropped with a reason, or still waiting in the buffer / pending list.
     assert trained + dropped + len(books["buffered"]) + len(books["pending"]) == books["next_draw_id"]
     assert log.read_text().count("resumed from") == len(STOPS)
+    _assert_report_written(run_dir, log.read_text(), runs=3)  # after SIGTERM, SIGINT and the last run
     printed = [line for line in log.read_text().splitlines() if line.startswith("accounting after step")]
     assert len(printed) == 1 and printed[0].startswith(f"accounting after step {STEPS}: "), printed
     # Only `trained` is fixed once the last step ran; the collector keeps drawing until the run closes.
     assert f" {trained} trained, " in printed[0] and "do not balance" not in printed[0], printed
+
+
+def _assert_report_written(run_dir: Path, output: str, runs: int) -> None:
+    """`train` wrote the run report after every run that ended by itself or by a clean stop (not after SIGKILL)."""
+    report = run_dir / "report.html"
+    assert output.count(f"report: {report}\n") == runs, output[-3000:]
+    page = _SectionParser()
+    page.feed(report.read_text(encoding="utf-8"))
+    assert page.anchors == ["reward", "validation", "critic", "mismatch", "policy", "async", "timing", "config"]
+    assert page.images and all(src.startswith("data:image/png;base64,") for src in page.images)
+    assert "No async buffer" not in report.read_text()  # the async section has its plot
+
+
+class _SectionParser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.anchors: list[str] = []
+        self.images: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "h2":
+            self.anchors.append(dict(attrs)["id"] or "")
+        elif tag == "img":
+            self.images.append(dict(attrs)["src"] or "")
 
 
 def _demo_validation(run_dir: Path, cache_dir: Path, overrides: list[str]) -> list[float]:

@@ -5,6 +5,7 @@
     asyncppo train CONFIG [key=value ...]         train (see cli/train.py)
     asyncppo gym serve CONFIG [key=value ...]     serve the policy and the built-in gym (see cli/gym_serve.py)
     asyncppo bench generate CONFIG [key=value ...]  time generation alone (see cli/bench_generate.py)
+    asyncppo report RUN_DIR [RUN_DIR_B] [-o PATH]   write the run's HTML report; two runs are overlaid
 
 User mistakes (config errors) print one line each and exit with status 2, never a traceback.
 """
@@ -86,6 +87,18 @@ def _build_parser() -> argparse.ArgumentParser:
     from asyncppo.cli.bench_generate import add_arguments
 
     add_arguments(generate)
+
+    report = commands.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run (curves, timings, config); two runs are overlaid",
+    )
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory; a second one is overlaid")
+    report.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="HTML file to write (default: RUN_DIR/report.html; with two runs RUN_DIR/report_vs_<B>.html)",
+    )
     return parser
 
 
@@ -123,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from asyncppo.cli.bench_generate import run_bench_generate_command
 
             return run_bench_generate_command(args)
+        if args.command == "report":
+            from asyncppo.cli.report import run_report_command
+
+            return run_report_command(args)
     except ConfigError as error:
         for line in error.lines:
             print(f"error: {_printable(line)}", file=sys.stderr)

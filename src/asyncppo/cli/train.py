@@ -1,7 +1,8 @@
 """`asyncppo train CONFIG [key=value ...] [--run-dir DIR]`: build the run, train it, close it.
 
 The run, its driver loop and its clean stop on SIGTERM / SIGINT live in `trainer/` (`trainer/stopping.py`);
-this is the command: parse, train, print one line, return the exit status (143 / 130 when a signal stopped it).
+this is the command: parse, train, print one line, write the run report (`asyncppo report`) into the run
+directory, return the exit status (143 / 130 when a signal stopped it).
 """
 
 import argparse
@@ -12,11 +13,16 @@ from asyncppo.trainer.stopping import train_until_done_or_stopped
 
 
 def run_train_command(args: argparse.Namespace) -> int:
-    """Train with the given config; the run directory gets config, metrics, checkpoints, plots, TensorBoard."""
+    """Train with the given config; the run directory gets config, metrics, checkpoints, plots, TensorBoard and
+    the run report (report.html)."""
     config = load_config(args.config, args.overrides)
     run_dir = Path(args.run_dir or config.logger.log_dir)
     # The config's directory is searched for `env.reward_function: module:function` (with the working directory),
     # so a reward module beside the config imports without PYTHONPATH.
     outcome = train_until_done_or_stopped(config, run_dir, config_dir=Path(args.config).resolve().parent)
     print(outcome.stopped_line or f"run directory: {run_dir}", flush=True)
+    # Imported here: the report needs matplotlib, which a run that is only starting has no use for.
+    from asyncppo.cli.report import write_report_after_training
+
+    write_report_after_training(run_dir)  # also after a signal stop: the report shows where the run got to
     return outcome.exit_status

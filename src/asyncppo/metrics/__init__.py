@@ -1,6 +1,8 @@
-"""Layer 1: metric sinks (console, JSONL, TensorBoard, W&B, MLflow), the fan-out logger, plots and rollout dumps.
+"""Layer 1: metric sinks (console, JSONL, TensorBoard, W&B, MLflow), the fan-out logger, plots, rollout dumps and
+the run report.
 
-`plots` (matplotlib) and `rollout_dump` are imported from their modules, so importing this package stays cheap.
+`plots` and `report` (matplotlib) and `rollout_dump` are imported from their modules, so importing this package
+stays cheap.
 """
 
 from asyncppo.metrics.console import ConsoleProgress
