@@ -354,6 +354,8 @@ class LoggerConfig(Section):
     """Run directory (config, metrics, checkpoints, plots); `asyncppo train --run-dir` overrides it."""
     console: bool = True
     """Show the progress bar and per-step summary."""
+    verbose: bool = False
+    """Also show third-party output that is off by default: Hugging Face progress bars and Ray's notices."""
     tensorboard_enabled: bool = True
     """Write TensorBoard events to the run directory."""
     wandb_enabled: bool = False
