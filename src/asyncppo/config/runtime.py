@@ -355,7 +355,8 @@ class LoggerConfig(Section):
     console: bool = True
     """Show the progress bar and per-step summary."""
     verbose: bool = False
-    """Also show third-party output that is off by default: Hugging Face progress bars and Ray's notices."""
+    """Also show the third-party output that is off by default: Hugging Face progress bars (loading and saving
+    weights) and Ray's token-authentication notice."""
     tensorboard_enabled: bool = True
     """Write TensorBoard events to the run directory."""
     wandb_enabled: bool = False
