@@ -1,10 +1,14 @@
-"""The value model: right-shifted values, a zero-initialised head from a causal LM, exact save/load."""
+"""The value model: right-shifted values, a zero-initialised head from a causal LM (without transformers' report
+of it as missing), exact save/load."""
 
+import logging
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, CodeGenConfig, PreTrainedModel
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForSequenceClassification, CodeGenConfig, PreTrainedModel
 
 from asyncppo.models.policy import load_policy
 from asyncppo.models.tokenizer import load_tokenizer
@@ -96,3 +100,50 @@ def test_an_architecture_without_a_sequence_classification_class_is_rejected(tmp
     CodeGenConfig(vocab_size=300, n_embd=32, n_layer=1, n_head=4, rotary_dim=4).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"'codegen'.*no sequence-classification class"):
         load_value_model(tmp_path)
+
+
+class RecordsOf(logging.Handler):
+    """Collects the records that reach one logger (transformers' loggers do not propagate to the root)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.logger = logging.getLogger(name)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def __enter__(self) -> list[str]:
+        self.logger.addHandler(self)
+        return self.messages
+
+    def __exit__(self, *_: object) -> None:
+        self.logger.removeHandler(self)
+
+    @property
+    def messages(self) -> list[str]:
+        return [record.getMessage() for record in self.records]
+
+
+def test_the_load_report_of_the_fresh_head_alone_is_not_logged(tiny_dir: Path) -> None:
+    config = AutoConfig.from_pretrained(tiny_dir, num_labels=1)
+    records = RecordsOf("transformers.modeling_utils")
+    with records:
+        AutoModelForSequenceClassification.from_pretrained(tiny_dir, config=config)
+    # transformers itself reports the head as MISSING ("Consider training ..."), as every run printed.
+    assert any("LOAD REPORT" in message and "score.weight" in message for message in records.messages)
+    records = RecordsOf("transformers.modeling_utils")
+    with records:
+        load_value_model(tiny_dir)
+    assert not any("LOAD REPORT" in message for message in records.messages)
+
+
+def test_a_load_report_naming_backbone_weights_is_still_logged(tiny_dir: Path, tmp_path: Path) -> None:
+    shutil.copytree(tiny_dir, tmp_path, dirs_exist_ok=True)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["model.layers.0.unknown_extra.weight"] = torch.zeros(2)
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    records = RecordsOf("transformers.modeling_utils")
+    with records:
+        load_value_model(tmp_path)
+    assert any("LOAD REPORT" in message and "unknown_extra" in message for message in records.messages)

@@ -354,6 +354,9 @@ class LoggerConfig(Section):
     """Run directory (config, metrics, checkpoints, plots); `asyncppo train --run-dir` overrides it."""
     console: bool = True
     """Show the progress bar and per-step summary."""
+    verbose: bool = False
+    """Also show the third-party output that is off by default: Hugging Face progress bars (loading and saving
+    weights) and Ray's token-authentication notice."""
     tensorboard_enabled: bool = True
     """Write TensorBoard events to the run directory."""
     wandb_enabled: bool = False

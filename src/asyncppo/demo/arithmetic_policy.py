@@ -191,7 +191,8 @@ def ensure_arithmetic_policy(cache_dir: str | Path, recipe: WarmupRecipe = ARITH
     validation accuracy measured right after the warm-up.
     """
     final = Path(cache_dir) / f"arithmetic-{arithmetic_fingerprint(recipe)}"
-    return build_once(final, lambda staging: _build_arithmetic_policy(staging, recipe))
+    announce = "the demo policy demo:arithmetic (supervised warm-up on addition)"
+    return build_once(final, lambda staging: _build_arithmetic_policy(staging, recipe), announce)
 
 
 def _build_arithmetic_policy(directory: Path, recipe: WarmupRecipe) -> None:

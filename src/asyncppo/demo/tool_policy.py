@@ -295,7 +295,8 @@ def ensure_tool_policy(cache_dir: str | Path, recipe: ToolWarmupRecipe = TOOL_TA
     `warmup.json` in it records the recipe, the build time, the final loss and the validation scores.
     """
     final = Path(cache_dir) / f"multi_step-{tool_policy_fingerprint(recipe)}"
-    return build_once(final, lambda staging: _build_tool_policy(staging, recipe))
+    announce = "the demo policy demo:multi_step (supervised warm-up on tool calls)"
+    return build_once(final, lambda staging: _build_tool_policy(staging, recipe), announce)
 
 
 def _build_tool_policy(directory: Path, recipe: ToolWarmupRecipe) -> None:

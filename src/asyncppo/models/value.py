@@ -5,6 +5,9 @@ the standard Hugging Face `*ForSequenceClassification` class with num_labels=1, 
 `AutoModelForSequenceClassification.from_pretrained`. Letters: B batch, S sequence, H hidden size.
 """
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -19,6 +22,25 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICA
 
 from asyncppo.models.backbone import last_hidden_states
 from asyncppo.models.model_directory import require_model_directory
+
+# transformers logs a load report at warning level whenever a weight is missing. A critic built on a causal LM
+# always lacks its head, so every run printed "score.weight | MISSING ... Consider training on your downstream
+# task", which reads like an error. The report is held during the load and dropped only when the loading info
+# says nothing else is wrong; any other report, and every other record of that logger, is logged as written.
+_LOAD_REPORT_LOGGER = "transformers.modeling_utils"
+_LOAD_REPORT_MARK = "LOAD REPORT"
+
+
+class _HeldRecords(logging.Filter):
+    """A logger filter that keeps every record back, to be released (or not) once the load is done."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
 
 
 def load_value_model(
@@ -44,11 +66,23 @@ def load_value_model(
         # special token ids their model declares, hence getattr.
         eos = getattr(config, "eos_token_id", None)
         config.pad_token_id = eos[0] if isinstance(eos, list) else eos
-    model, loading_info = AutoModelForSequenceClassification.from_pretrained(
-        directory, config=config, dtype=dtype, local_files_only=True, output_loading_info=True
-    )
+    report_logger = logging.getLogger(_LOAD_REPORT_LOGGER)
+    held = _HeldRecords()
+    try:
+        with _holding(report_logger, held):
+            model, loading_info = AutoModelForSequenceClassification.from_pretrained(
+                directory, config=config, dtype=dtype, local_files_only=True, output_loading_info=True
+            )
+    except BaseException:
+        _release(report_logger, held.records)  # the report explains the error
+        raise
     missing = set(loading_info["missing_keys"])
     backbone_prefix = f"{model.base_model_prefix}."
+    # Outside the backbone are only the fresh head (missing) and the LM's output head (unused by a critic).
+    heads_only = not loading_info["mismatched_keys"] and not any(
+        key.startswith(backbone_prefix) for key in missing | set(loading_info["unexpected_keys"])
+    )
+    _release(report_logger, [r for r in held.records if not (heads_only and _LOAD_REPORT_MARK in r.getMessage())])
     if missing_backbone := sorted(key for key in missing if key.startswith(backbone_prefix)):
         raise ValueError(f"{str(directory)!r} lacks backbone weights {missing_backbone[:5]} for a value model")
     with torch.no_grad():
@@ -56,6 +90,20 @@ def load_value_model(
             if name in missing:
                 parameter.zero_()
     return model.to(device)
+
+
+@contextlib.contextmanager
+def _holding(logger: logging.Logger, held: _HeldRecords) -> Iterator[None]:
+    logger.addFilter(held)
+    try:
+        yield
+    finally:
+        logger.removeFilter(held)
+
+
+def _release(logger: logging.Logger, records: list[logging.LogRecord]) -> None:
+    for record in records:
+        logger.handle(record)
 
 
 def value_head(model: PreTrainedModel) -> nn.Module:

@@ -189,15 +189,30 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
     )
 
 
-HEADLINE_KEYS = (
-    "train/reward_mean",
-    "val/reward_mean",
-    "async/buffer_size",
-    "async/avg_policy_age",
-    "critic/explained_var",
-    "mismatch/token_mult_prob_error",
-    "timing/step",
-)
+HEADLINE_KEYS = {
+    "train/reward_mean": "reward",
+    "val/reward_mean": "val",
+    "async/buffer_size": "buf",
+    "async/avg_policy_age": "age",
+    "critic/explained_var": "EV",
+    "mismatch/token_mult_prob_error": "mismatch",
+}
+"""The metrics of the console's per-step line and their short labels (the line fits 100 columns)."""
+EXPLAINED_VARIANCE_KEY = "critic/explained_var"
+
+
+def _explained_variance_hint(config: RunConfig) -> str:
+    """The line printed the first time the critic's explained variance is negative (see docs/critic.md)."""
+    estimator = config.ppo.adv_estimator
+    start = "hint: EV < 0 means the critic predicts the returns worse than their mean"
+    if estimator.residual_baseline:
+        group = config.ppo.num_generations_per_prompt
+        floor = -1 / (group - 1)
+        return (
+            f"{start}; with residual_baseline a critic that has learned nothing scores "
+            f"-1/(G-1) = {floor:.2f} (G={group}); see docs/critic.md"
+        )
+    return f"{start}; usual early on, until the critic has learned them; see docs/critic.md"
 
 
 def _metrics_logger(config: RunConfig, run_dir: Path, resume_step: int) -> MetricsLogger:
@@ -206,7 +221,14 @@ def _metrics_logger(config: RunConfig, run_dir: Path, resume_step: int) -> Metri
     if logger.tensorboard_enabled:
         sinks.append(TensorBoardSink(run_dir / "tensorboard"))
     if logger.console:
-        sinks.append(ConsoleProgress(config.ppo.max_num_steps, resume_step, headline_keys=HEADLINE_KEYS))
+        sinks.append(
+            ConsoleProgress(
+                config.ppo.max_num_steps,
+                resume_step,
+                headline=HEADLINE_KEYS,
+                negative_hints={EXPLAINED_VARIANCE_KEY: _explained_variance_hint(config)},
+            )
+        )
     remote: list[Any] = []
     if logger.wandb_enabled:
         from asyncppo.metrics import WandbSink

@@ -17,6 +17,7 @@ from asyncppo.config import RunConfig
 from asyncppo.trainer.build import build_run
 from asyncppo.trainer.loop import train
 from asyncppo.trainer.run import Run
+from asyncppo.trainer.third_party_output import quiet_third_party_output
 from asyncppo.workers.ray_host import shutdown_ray
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -73,6 +74,7 @@ def train_until_done_or_stopped(config: RunConfig, run_dir: Path, config_dir: Pa
 
     `config_dir`: the config file's directory, searched for the reward function's module (see build_run).
     """
+    quiet_third_party_output(config.logger.verbose)
     stop = SignalStop()
     run: Run | None = None
     completed: int | None = None
