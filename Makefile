@@ -10,8 +10,11 @@ TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.
 TORCH_INDEX ?=
 PIP_INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 STAMP := $(VENV)/.installed
+# Test processes (pytest-xdist). The suite keeps about one core busy (Ray workers wait on each other, tests
+# wait on subprocesses), so two workers fill a 2-core machine; each starts its own local Ray cluster.
+TEST_WORKERS ?= 2
 
-.PHONY: test demo lint format clean-venv
+.PHONY: test test-unit demo lint format clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +26,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/pyright
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
+
+# The fast tier: everything but the end-to-end runs (no Ray cluster, no demo-policy builds).
+test-unit: $(STAMP)
+	$(VENV)/bin/pytest -m "not gpu and not slow and not integration"
 
 demo: $(STAMP)
 	$(VENV)/bin/asyncppo train examples/configs/demo.yaml

@@ -1,5 +1,7 @@
-"""Fixtures shared by every test folder: one tiny model directory per session, one intra-op thread per test."""
+"""Fixtures shared by every test folder: one tiny model directory per session, one model cache shared by the
+session's parallel workers, one intra-op thread per test."""
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,10 +11,34 @@ import torch
 from asyncppo.models.tiny import ensure_tiny
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first (a stable sort keeps the order within each kind).
+
+    Under pytest-xdist the long end-to-end runs then start at once and the quick tests fill the gaps around them;
+    a long run collected last would leave the other worker idle while it finishes.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved TINY preset (model + tokenizer); tests must not write into it."""
     return ensure_tiny(tmp_path_factory.mktemp("model-cache"), "tiny")
+
+
+@pytest.fixture(scope="session")
+def shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An ASYNCPPO_CACHE_DIR for the whole test session, shared by its pytest-xdist workers.
+
+    The demo policies take a minute or two of warm-up to build; with one cache the suite builds each once (the
+    build's lock file makes a second worker wait for the first one's result instead of building it again).
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base temp dir lies in the session's one
+        root = root.parent
+    path = root / "asyncppo-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(autouse=True)

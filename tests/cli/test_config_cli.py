@@ -1,8 +1,13 @@
-"""`asyncppo config show|keys` as a user runs them: a real subprocess, its output and its exit status."""
+"""`asyncppo config show|keys` as a user runs them: output and exit status of the command's `main`, in-process
+(a process start costs ~8 s); the tests of what only a real process shows (no traceback, an encodable stderr) run
+`python -m asyncppo` in a subprocess."""
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -13,7 +18,22 @@ REPO = Path(__file__).parents[2]
 DEMO = "examples/configs/demo.yaml"
 
 
-def _asyncppo(*args: str) -> subprocess.CompletedProcess[str]:
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _asyncppo(*args: str) -> Result:
+    """`asyncppo ARGS` in this process, from the repository root."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(list(args))
+    return Result(status, out.getvalue(), err.getvalue())
+
+
+def _asyncppo_process(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
         [sys.executable, "-m", "asyncppo", *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=120
@@ -29,7 +49,7 @@ def test_config_show_prints_the_resolved_config_with_overrides():
 
 
 def test_config_show_rejects_a_typo_in_one_line_without_a_traceback():
-    result = _asyncppo("config", "show", DEMO, "ppo.ppo_epochz=3")
+    result = _asyncppo_process("config", "show", DEMO, "ppo.ppo_epochz=3")
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr == "error: ppo.ppo_epochz: unknown key; did you mean 'ppo.ppo_epochs'?\n"
@@ -90,7 +110,7 @@ def test_config_show_rejects_a_ranking_metric_the_run_never_logs():
 def test_config_show_refuses_a_file_that_is_not_utf8_in_one_line(tmp_path):
     config = tmp_path / "f.yaml"
     config.write_bytes(b"ppo:\n  ppo_epochs: \xff\n")
-    result = _asyncppo("config", "show", str(config))
+    result = _asyncppo_process("config", "show", str(config))
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr == f"error: {config}: not UTF-8 text (byte 0xff on line 2); expected a UTF-8 YAML file\n"

@@ -22,9 +22,9 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model cache shared by the session's runs (the tiny model is built once)."""
-    return tmp_path_factory.mktemp("asyncppo-cache")
+def cache_dir(shared_cache_dir: Path) -> Path:
+    """The model cache of the session's runs (tiny and demo models are built once per test session)."""
+    return shared_cache_dir
 
 
 def _tiny_run_tree(data_dir: Path, **ppo: Any) -> dict[str, Any]:

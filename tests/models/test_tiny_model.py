@@ -129,7 +129,8 @@ def test_ensure_tiny_builds_once_and_reuses_the_cached_directory(tmp_path: Path)
     second = ensure_tiny(tmp_path, "tiny")
     assert second == first == tmp_path / f"tiny-{build_fingerprint(TINY)}"
     assert os.stat(weights).st_mtime_ns == written.st_mtime_ns and os.stat(weights).st_ino == written.st_ino
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no staging directory left behind
+    # No staging directory left behind (the lock file that serialises builds of the same model stays).
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, f".{first.name}.lock"])
     assert isinstance(AutoModelForCausalLM.from_pretrained(first, local_files_only=True), torch.nn.Module)
 
 
@@ -143,7 +144,7 @@ def test_ensure_tiny_leaves_no_model_behind_when_the_build_fails(
     monkeypatch.setattr(tiny, "save_tiny", crash_after_partial_write)
     with pytest.raises(RuntimeError, match="disk full"):
         ensure_tiny(tmp_path, "tiny")
-    assert list(tmp_path.iterdir()) == []
+    assert [p for p in tmp_path.iterdir() if p.suffix != ".lock"] == []  # no staging directory, no model
     monkeypatch.undo()
     assert (ensure_tiny(tmp_path, "tiny") / "model.safetensors").is_file()
 

@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
 from asyncppo.checkpoint import CheckpointManager, RunState, save_run_state
 from asyncppo.cli.main import main
@@ -67,6 +66,7 @@ def _train(run_dir: Path, *overrides: str) -> int:
     return main(["train", DEMO, "--run-dir", str(run_dir), *BASE, *overrides])
 
 
+@pytest.mark.usefixtures("ray_tripwire")
 def test_a_resume_with_another_batch_size_exits_2_naming_both_values_before_ray_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -78,10 +78,10 @@ def test_a_resume_with_another_batch_size_exits_2_naming_both_values_before_ray_
         "error: model.train_global_batch_size: 64 in the run's config, 32 now; a resumed run keeps its batch "
         "shape: set it back to 64 or start a new run directory"
     ]
-    assert not ray.is_initialized()
     assert (run_dir / "config.yaml").read_text() == started and history_entries(run_dir) == []
 
 
+@pytest.mark.usefixtures("ray_tripwire")
 def test_a_resume_with_max_num_steps_below_the_checkpoint_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -95,7 +95,6 @@ def test_a_resume_with_max_num_steps_below_the_checkpoint_exits_2(
         "error: data.shuffle: true in the run's config, false now; the checkpoint's prompt position counts rows in "
         "that order: set it back to true or start a new run directory",
     ]
-    assert not ray.is_initialized()
     assert (run_dir / "config.yaml").read_text() == started and not (run_dir / "config_history").exists()
 
 
