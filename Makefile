@@ -30,7 +30,7 @@ test: $(STAMP)
 
 # The fast tier: everything but the end-to-end runs (no Ray cluster, no demo-policy builds).
 test-unit: $(STAMP)
-	$(VENV)/bin/pytest -m "not gpu and not slow and not integration"
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal -m "not gpu and not slow and not integration"
 
 demo: $(STAMP)
 	$(VENV)/bin/asyncppo train examples/configs/demo.yaml

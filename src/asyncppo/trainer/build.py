@@ -204,15 +204,12 @@ EXPLAINED_VARIANCE_KEY = "critic/explained_var"
 def _explained_variance_hint(config: RunConfig) -> str:
     """The line printed the first time the critic's explained variance is negative (see docs/critic.md)."""
     estimator = config.ppo.adv_estimator
-    start = "hint: EV < 0 means the critic predicts the returns worse than their mean"
     if estimator.residual_baseline:
         group = config.ppo.num_generations_per_prompt
         floor = -1 / (group - 1)
-        return (
-            f"{start}; with residual_baseline a critic that has learned nothing scores "
-            f"-1/(G-1) = {floor:.2f} (G={group}); see docs/critic.md"
-        )
-    return f"{start}; usual early on, until the critic has learned them; see docs/critic.md"
+        untrained = f"an untrained critic scores -1/(G-1) = {floor:.2f} here"
+        return f"hint: EV < 0 is usual early: {untrained}; see docs/critic.md"
+    return "hint: EV < 0 (critic worse than the mean return) is usual early, until it learns; see docs/critic.md"
 
 
 def _metrics_logger(config: RunConfig, run_dir: Path, resume_step: int) -> MetricsLogger:
