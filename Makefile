@@ -16,12 +16,10 @@ TEST_WORKERS ?= 2
 
 .PHONY: test test-unit demo lint format clean-venv
 
-# --no-compile: pip would byte-compile every installed module (torch, transformers, ray: 78 s of a 132 s install
-# measured on 2 cores); Python compiles the ones a run imports on first use instead.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile $(PIP_INDEX) "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile $(PIP_INDEX) -e ".[dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_INDEX) "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_INDEX) -e ".[dev]"
 	touch $(STAMP)
 
 test: $(STAMP)
