@@ -2,6 +2,7 @@
 session's parallel workers, one intra-op thread per test."""
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,16 @@ def shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = root / "asyncppo-cache"
     path.mkdir(exist_ok=True)
     return path
+
+
+@pytest.fixture
+def fresh_modules() -> Iterator[None]:
+    """Modules a test imports (e.g. reward modules from its tmp directory) are forgotten afterwards: their names
+    are reused by other tests."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,7 @@
 import math
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -123,15 +123,6 @@ def test_builtin_and_module_reward_functions_resolve_by_name() -> None:
 def test_unresolvable_reward_specs_are_value_errors(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_reward_function(spec)
-
-
-@pytest.fixture
-def fresh_modules() -> Iterator[None]:
-    """Modules a test imports from its tmp directory are forgotten afterwards (their names are reused)."""
-    before = set(sys.modules)
-    yield
-    for name in set(sys.modules) - before:
-        del sys.modules[name]
 
 
 def test_a_reward_module_imports_from_the_search_dirs_which_leave_the_import_path_after(tmp_path, fresh_modules):

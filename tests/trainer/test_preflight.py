@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +64,6 @@ def _config(tmp_path: Path, tree: dict[str, Any]) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
-
-
-@pytest.fixture
-def fresh_modules() -> Iterator[None]:
-    """Reward modules the test imports from its tmp directory are forgotten afterwards (names are reused)."""
-    before = set(sys.modules)
-    yield
-    for name in set(sys.modules) - before:
-        del sys.modules[name]
 
 
 def _only_error(capsys: pytest.CaptureFixture[str], config: Path, tmp_path: Path) -> str:
