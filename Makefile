@@ -10,31 +10,23 @@ TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.
 TORCH_INDEX ?=
 PIP_INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 STAMP := $(VENV)/.installed
-# Test processes (pytest-xdist), each with its own local Ray cluster. Two keep a 2-core machine ~85% busy (Ray
-# workers wait on each other, tests on subprocesses); four were slower (596 s against 469-559 s).
+# Test processes (pytest-xdist). The suite keeps about one core busy (Ray workers wait on each other, tests
+# wait on subprocesses), so two workers fill a 2-core machine; each starts its own local Ray cluster.
 TEST_WORKERS ?= 2
-
-# --no-compile: byte-compiling every installed file took 43 of the set-up's 104 s; Python compiles (and caches)
-# only the modules a process imports, the first time it imports them.
-PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile $(PIP_INDEX)
 
 .PHONY: test test-unit demo lint format clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) "$(TORCH_SPEC)"
-	$(PIP_INSTALL) -e ".[dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_INDEX) "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_INDEX) -e ".[dev]"
 	touch $(STAMP)
 
-# pyright runs beside the suite, niced, its report printed after the suite's: the suite leaves part of the two
-# cores idle (its Ray workers wait on each other), and pyright takes up that slack instead of a minute of its own.
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
-	@nice -n 10 $(VENV)/bin/pyright > $(VENV)/pyright.log 2>&1 & typecheck=$$!; \
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal; suite=$$?; \
-	wait $$typecheck; typed=$$?; echo "pyright:"; cat $(VENV)/pyright.log; \
-	test $$suite -eq 0 -a $$typed -eq 0
+	$(VENV)/bin/pyright
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
 
 # The fast tier: everything but the end-to-end runs (no Ray cluster, no demo-policy builds).
 test-unit: $(STAMP)
