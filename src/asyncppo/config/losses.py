@@ -54,6 +54,8 @@ class PolicyLossConfig(Section):
     """Weight the reference KL by exp(curr - gen) so it estimates the KL under the current policy."""
     force_on_policy_ratio: bool = False
     """Force the ratio to 1 (with gradient); needs one optimizer step per PPO step."""
+    use_cispo: bool = False
+    """CISPO: the clipped importance ratio, detached, weights each token's log-probability gradient."""
     positive_example_nll_weight: float = Field(default=0.0, ge=0)
     """VAPO: weight of an NLL term on the tokens of samples with positive reward."""
 

@@ -208,6 +208,12 @@ class PPOConfig(Section):
     """Samples per validation prompt; more samples make a sampled validation reward less noisy."""
     seed: int = 42
     """Seed of every random number generator of the run."""
+    use_dynamic_sampling: bool = False
+    """DAPO dynamic sampling (sync runs): keep only groups whose rewards differ; more batches fill the step."""
+    dynamic_sampling_max_gen_batches: PositiveInt = 10
+    """Generation batches one step may draw under dynamic sampling before the run stops with an error."""
+    batch_multiplier: PositiveInt = 1
+    """Prompts drawn per generation batch, in multiples of num_prompts_per_step (dynamic sampling only; else 1)."""
     overlong_filtering: bool = False
     """Zero the loss weight of truncated samples (they still count for baselines)."""
     skip_reference_policy_logprobs_calculation: bool = True
@@ -246,6 +252,18 @@ class PPOConfig(Section):
                     "overwrites advantages per message, which breaks PPO's A = G - V consistency; "
                     "not supported for PPO: remove it (reward_penalties zero rewards instead)",
                 )
+        if self.batch_multiplier != 1 and not self.use_dynamic_sampling:
+            raise RuleError(
+                "batch_multiplier",
+                f"{self.batch_multiplier} draws extra prompts only for dynamic sampling: set it to 1 or "
+                "use_dynamic_sampling: true",
+            )
+        if self.use_dynamic_sampling and self.async_ppo.enabled:
+            raise RuleError(
+                "use_dynamic_sampling",
+                "is for synchronous runs (the async collector cannot hold back a step for refills): "
+                "set it to false or async_ppo.enabled: false",
+            )
         if self.log_rollout_dump and self.rollout_dump_period is None:
             raise RuleError("rollout_dump_period", "required when log_rollout_dump is true")
         estimator = self.adv_estimator
