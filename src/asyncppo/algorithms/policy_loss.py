@@ -1,4 +1,4 @@
-"""Clipped PPO policy loss with off-policy importance-sampling correction, KL terms and positive-example NLL.
+"""Clipped PPO (or CISPO) policy loss with off-policy importance-sampling correction, KL terms and positive NLL.
 
 Called by the policy worker once per micro-batch. Every term is divided by a GLOBAL-batch count
 (`microbatch.loss_normalizers`), so summing micro-batch losses and gradients gives the global-batch loss, and
@@ -96,6 +96,8 @@ def _clipped_actor_terms(
     disable_ppo_ratio / force_on_policy_ratio: r = exp(logpi - sg(logpi)) (value 1, gradient grad logpi), L = -A r,
     no clipping (REINFORCE; force_on_policy_ratio is meant for one optimizer step per batch, where the PPO ratio
     is exactly 1 anyway). `clipped` marks tokens whose gradient a clip removed.
+    use_cispo: L = -sg(clip(r)) A logpi, so dL/dlogpi = -clip(r) A, never zero; `clipped` then marks tokens whose
+    weight the clip changed (r outside [1 - ratio_clip_min, 1 + ratio_clip_max]), which still get a gradient.
     """
     valid = token_mask > 0
     log_ratio = torch.where(valid, logprobs - old_logprobs, 0.0)
@@ -108,6 +110,9 @@ def _clipped_actor_terms(
         current = torch.where(valid, logprobs, 0.0)
         surrogate = -advantages * torch.exp(current - current.detach())
         return surrogate, ratio.detach(), clamped.detach(), torch.zeros_like(valid)
+    if settings.use_cispo:
+        surrogate = -advantages * clamped.detach() * logprobs
+        return surrogate, ratio.detach(), clamped.detach(), (clamped != ratio) & valid
     unclipped_loss = -advantages * ratio
     clipped_loss = -advantages * clamped
     surrogate = torch.maximum(unclipped_loss, clipped_loss)

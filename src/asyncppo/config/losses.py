@@ -55,12 +55,14 @@ class PolicyLossConfig(Section):
     force_on_policy_ratio: bool = False
     """Force the ratio to 1 (with gradient); needs one optimizer step per PPO step."""
     use_cispo: bool = False
-    """CISPO: the clipped importance ratio, detached, weights each token's log-probability gradient."""
+    """CISPO: loss -sg(clip(r)) * A * logpi, so clipped tokens keep a (clipped-weight) gradient; no dual clip."""
     positive_example_nll_weight: float = Field(default=0.0, ge=0)
     """VAPO: weight of an NLL term on the tokens of samples with positive reward."""
 
     @model_validator(mode="after")
     def _check_loss_rules(self) -> Self:
+        if self.use_cispo:
+            self._check_cispo_combinations()
         if self.sequence_level_importance_ratios and self.token_level_loss:
             raise RuleError("sequence_level_importance_ratios", "needs token_level_loss: false")
         if self.truncated_importance_sampling_type is not None:
@@ -75,6 +77,27 @@ class PolicyLossConfig(Section):
                 self.truncated_importance_sampling_type, self.truncated_importance_sampling_ratio
             )
         return self
+
+    def _check_cispo_combinations(self) -> None:
+        """CISPO replaces the clipped surrogate: options that redefine or bound that surrogate contradict it."""
+        if self.disable_ppo_ratio:
+            raise RuleError(
+                "use_cispo",
+                "true contradicts disable_ppo_ratio: true (CISPO weights the gradient by the clipped ratio, "
+                "disable_ppo_ratio drops the ratio): keep one of them",
+            )
+        if self.force_on_policy_ratio:
+            raise RuleError(
+                "use_cispo",
+                "true contradicts force_on_policy_ratio: true (a ratio forced to 1 leaves CISPO a plain policy "
+                "gradient): keep one of them",
+            )
+        if self.ratio_clip_c is not None:
+            raise RuleError(
+                "ratio_clip_c",
+                f"{self.ratio_clip_c} bounds the PPO surrogate, which use_cispo replaces (CISPO's weight is "
+                "already clipped to [1 - ratio_clip_min, 1 + ratio_clip_max]): set it to null or use_cispo: false",
+            )
 
     def _check_truncation_bounds(self, kind: str, high: float) -> None:
         low = self.truncated_importance_sampling_ratio_min
