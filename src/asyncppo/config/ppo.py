@@ -264,6 +264,12 @@ class PPOConfig(Section):
                 "is for synchronous runs (the async collector cannot hold back a step for refills): "
                 "set it to false or async_ppo.enabled: false",
             )
+        if self.use_dynamic_sampling and self.num_generations_per_prompt < 2:
+            raise RuleError(
+                "use_dynamic_sampling",
+                f"keeps only groups whose rewards differ, which needs num_generations_per_prompt >= 2 (got "
+                f"{self.num_generations_per_prompt}): raise it or set use_dynamic_sampling: false",
+            )
         if self.log_rollout_dump and self.rollout_dump_period is None:
             raise RuleError("rollout_dump_period", "required when log_rollout_dump is true")
         estimator = self.adv_estimator

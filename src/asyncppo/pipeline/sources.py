@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asyncppo.pipeline.buffer import FAILED_ROLLOUT
+from asyncppo.pipeline.dynamic_sampling import DynamicSampling, fill_with_varied_groups
 from asyncppo.pipeline.errors import step_number
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.ledger import AccountingLedger, AccountingReport, find_accounting_problems
@@ -111,6 +112,8 @@ class SyncBatchSource:
     until the step's failure budget runs out: then StepFillError. Group ids are draw ids, one per row drawn;
     the books record each as trained (handed to the step) or dropped as a failed rollout.
     `reseed` sets the generators' sampling seed (each step's rollouts then do not depend on earlier steps').
+    With `dynamic_sampling` the step is filled from whole generation batches and keeps only groups whose rewards
+    differ (`pipeline/dynamic_sampling.py`; its filtered and unused groups are dropped with their reasons).
     """
 
     def __init__(
@@ -121,12 +124,14 @@ class SyncBatchSource:
         num_prompts_per_step: int,
         failure_budget: StepFailureBudget,
         reseed: Callable[[int], None] | None = None,
+        dynamic_sampling: DynamicSampling | None = None,
     ):
         self._prompts = prompts
         self._rollout = rollout
         self._num_prompts = num_prompts_per_step
         self._failures = failure_budget
         self._reseed = reseed
+        self._dynamic_sampling = dynamic_sampling
         self._iterator: Iterator[list[Row]] | None = None
         self._pending: deque[Row] = deque()
         self._next_group_id = 0
@@ -134,9 +139,28 @@ class SyncBatchSource:
 
     def next_batch(self, step: int) -> StepBatch:
         self._failures.reset()
+        metrics: dict[str, float] = {}
+        if self._dynamic_sampling is None:
+            groups = self._generate_groups(step, self._num_prompts)
+        else:
+            groups, metrics = fill_with_varied_groups(
+                step,
+                self._num_prompts,
+                self._dynamic_sampling,
+                lambda count: self._generate_groups(step, count),
+                self._ledger,
+            )
+        self._ledger.record_trained(group[0].group_id for group in groups)
+        trajectories = [trajectory for group in groups for trajectory in group]
+        metrics["rollout/failed_groups"] = float(self._failures.count)
+        return StepBatch(trajectories=trajectories, num_prompts=len(groups), metrics=metrics)
+
+    def _generate_groups(self, step: int, count: int) -> list[list[Trajectory]]:
+        """`count` rolled-out groups of freshly drawn prompts, in draw order; failed groups are recorded dropped
+        and replaced within the step's failure budget."""
         groups: list[list[Trajectory]] = []
-        while len(groups) < self._num_prompts:
-            rows = self._draw(step, self._num_prompts - len(groups))
+        while len(groups) < count:
+            rows = self._draw(step, count - len(groups))
             group_ids = list(range(self._next_group_id, self._next_group_id + len(rows)))
             self._next_group_id += len(rows)
             try:
@@ -155,10 +179,7 @@ class SyncBatchSource:
                 error = self._failures.record(step, group_id, outcome)
                 if error is not None:
                     raise error
-        self._ledger.record_trained(group[0].group_id for group in groups)
-        trajectories = [trajectory for group in groups for trajectory in group]
-        metrics = {"rollout/failed_groups": float(self._failures.count)}
-        return StepBatch(trajectories=trajectories, num_prompts=len(groups), metrics=metrics)
+        return groups
 
     def _draw(self, step: int, count: int) -> list[Row]:
         """The next `count` rows: rows left over from an earlier refill first, then the stream's batches."""

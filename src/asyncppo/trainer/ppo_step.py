@@ -17,7 +17,7 @@ critic's prefixes are built by the driver from the step's trajectories (it holds
 """
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,7 +34,7 @@ from asyncppo.algorithms.turns import TurnSpans, build_turn_spans, validate_turn
 from asyncppo.config.losses import PolicyLossConfig
 from asyncppo.config.ppo import AdvEstimatorConfig, RewardScalingConfig, RewardShapingConfig
 from asyncppo.trainer.privileged_critic import CriticPrefixes, critic_batch, critic_layout
-from asyncppo.types import TrainBatch
+from asyncppo.types import TrainBatch, Trajectory
 from asyncppo.workers.groups import PolicyModel, ValueModel
 
 
@@ -74,13 +74,29 @@ def _response_lengths(batch: TrainBatch) -> torch.Tensor:
     return batch.token_mask.sum(dim=1)
 
 
-def process_rewards(settings: StepSettings, batch: TrainBatch) -> TrainBatch:
-    """Scaling, then overlong shaping, then overlong filtering, in the order NeMo-RL applies them."""
-    rewards = batch.rewards
+def training_rewards(
+    settings: StepSettings, rewards: torch.Tensor, response_lengths: torch.Tensor, truncated: torch.Tensor
+) -> torch.Tensor:
+    """The rewards the step trains on: scaling, then overlong shaping, in the order NeMo-RL applies them."""
     if settings.reward_scaling is not None:
         rewards = scale_rewards(rewards, settings.reward_scaling)
     if settings.reward_shaping is not None:
-        rewards = shape_overlong_rewards(rewards, _response_lengths(batch), batch.truncated, settings.reward_shaping)
+        rewards = shape_overlong_rewards(rewards, response_lengths, truncated, settings.reward_shaping)
+    return rewards
+
+
+def group_training_rewards(settings: StepSettings, group: Sequence[Trajectory]) -> list[float]:
+    """`training_rewards` of one group's trajectories, computed as on the collated batch (float32 rewards,
+    response length = generated tokens), so dynamic sampling filters on exactly what the step trains on."""
+    rewards = torch.tensor([trajectory.reward for trajectory in group], dtype=torch.float32)
+    lengths = torch.tensor([sum(trajectory.loss_mask) for trajectory in group], dtype=torch.float32)
+    truncated = torch.tensor([trajectory.truncated for trajectory in group], dtype=torch.bool)
+    return [float(reward) for reward in training_rewards(settings, rewards, lengths, truncated).float()]
+
+
+def process_rewards(settings: StepSettings, batch: TrainBatch) -> TrainBatch:
+    """Scaling, then overlong shaping, then overlong filtering, in the order NeMo-RL applies them."""
+    rewards = training_rewards(settings, batch.rewards, _response_lengths(batch), batch.truncated)
     sample_mask = batch.sample_mask
     if settings.overlong_filtering:
         sample_mask = overlong_filter_mask(sample_mask, batch.truncated)

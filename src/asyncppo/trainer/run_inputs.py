@@ -6,6 +6,7 @@
     reward-function rollouts (single_turn_rollouts) | gym rollouts --RolloutFunctions--> batch source / validation
 """
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +17,13 @@ from asyncppo.data.prompt_stream import PromptStream
 from asyncppo.data.rows import MissingPromptFieldError, load_gym_rows, load_rows, split_rows
 from asyncppo.generation.protocol import SamplingParams
 from asyncppo.pipeline.async_source import build_async_source
+from asyncppo.pipeline.dynamic_sampling import DynamicSampling
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.sources import BatchSource, GroupRolloutFn, SyncBatchSource, strict_group_rollouts
 from asyncppo.rollout.rewards import RewardFunction
 from asyncppo.rollout.single_turn import run_single_turn_rollouts
 from asyncppo.trainer import builders
+from asyncppo.trainer.ppo_step import group_training_rewards
 from asyncppo.types import Trajectory
 from asyncppo.workers.groups import GeneratorGroup
 
@@ -102,6 +105,7 @@ def batch_source(
             num_prompts_per_step=ppo.num_prompts_per_step,
             failure_budget=rollouts.failure_budget,
             reseed=generator.reseed,
+            dynamic_sampling=dynamic_sampling(config),
         )
     return build_async_source(
         stream,
@@ -111,6 +115,18 @@ def batch_source(
         start_step=start_step,
         policy_training_start_step=ppo.policy_training_start_step,
         failure_budget=rollouts.failure_budget,
+    )
+
+
+def dynamic_sampling(config: RunConfig) -> DynamicSampling | None:
+    """ppo.use_dynamic_sampling's settings, filtering on the rewards the step trains on; None when it is off."""
+    ppo = config.ppo
+    if not ppo.use_dynamic_sampling:
+        return None
+    return DynamicSampling(
+        batch_multiplier=ppo.batch_multiplier,
+        max_gen_batches=ppo.dynamic_sampling_max_gen_batches,
+        group_rewards=functools.partial(group_training_rewards, builders.step_settings(config)),
     )
 
 
