@@ -125,11 +125,15 @@ def test_colocated_run_with_critic_warm_up_warm_started_critic_and_rollout_dumps
     assert dump["step"] == 2 and len(dump["reward"]) == 8
 
 
-def test_fresh_critic_predicts_zero_before_its_first_update(
+def test_fresh_critic_predicts_zero_before_its_first_update_under_dynamic_sampling(
     ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
 ):
-    metrics = _train(tiny_run_tree(data_dir, max_num_steps=1), tmp_path, cache_dir)
+    # Dynamic sampling rides along (wired from the config to the sync source): the step still trains 4 groups.
+    tree = tiny_run_tree(data_dir, max_num_steps=1, use_dynamic_sampling=True, batch_multiplier=2)
+    metrics = _train(tree, tmp_path, cache_dir)
     assert metrics[0]["critic/mean_v_early"] == 0.0
+    assert metrics[0]["dynamic_sampling/num_gen_batches"] >= 1.0
+    assert metrics[0]["train/num_samples"] == 8.0
 
 
 def test_stopped_and_resumed_run_repeats_the_uninterrupted_run_and_takes_a_changed_lr(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from asyncppo.config import validate_tree
 from asyncppo.config.losses import PolicyLossConfig
 from asyncppo.config.ppo import AdvEstimatorConfig, RewardScalingConfig
 from asyncppo.data.prompt_stream import PromptStream
@@ -24,6 +25,7 @@ from asyncppo.pipeline.dynamic_sampling import (
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.sources import GroupOutcome, SyncBatchSource
 from asyncppo.trainer.ppo_step import StepSettings, group_training_rewards
+from asyncppo.trainer.run_inputs import dynamic_sampling
 from asyncppo.types import MessageSpan, Trajectory
 
 Row = dict[str, Any]
@@ -213,3 +215,40 @@ def test_reward_spread_is_tested_exactly():
     assert has_reward_spread([0.0, 1e-12]) and not has_reward_spread([0.1, 0.1, 0.1])
     with pytest.raises(ValueError, match="no trajectories"):
         has_reward_spread([])
+
+
+def test_the_run_builds_dynamic_sampling_from_its_config_with_its_reward_processing():
+    ppo = {
+        "num_prompts_per_step": 2,
+        "num_generations_per_prompt": 2,
+        "max_num_steps": 1,
+        "ppo_epochs": 1,
+        "adv_estimator": {
+            "name": "gae",
+            "gae_gamma": 1.0,
+            "gae_lambda": 0.95,
+            "gae_lambda_value": None,
+            "gae_lambda_policy": None,
+            "length_adaptive_alpha": 0.0,
+            "normalize_advantages": True,
+            "residual_baseline": False,
+        },
+    }
+    tree: dict[str, Any] = {
+        "model": {"model_name": "tiny:tiny", "train_micro_batch_size": 4},
+        "value": {"train_micro_batch_size": 4},
+        "data": {"train_path": "train.jsonl"},
+        "ppo": ppo,
+    }
+    assert dynamic_sampling(validate_tree(tree)) is None
+    ppo.update(
+        use_dynamic_sampling=True,
+        batch_multiplier=3,
+        dynamic_sampling_max_gen_batches=5,
+        reward_scaling={"enabled": True, "source_min": 0.0, "source_max": 1.0, "target_min": -1.0, "target_max": 1.0},
+    )
+    sampling = dynamic_sampling(validate_tree(tree))
+    assert sampling is not None
+    assert (sampling.batch_multiplier, sampling.max_gen_batches) == (3, 5)
+    group = RewardByRow(lambda index: [0.0, 2.0])._group({"index": 0}, group_id=0)
+    assert list(sampling.group_rewards(group)) == [-1.0, 1.0]  # scaled: clamp to [0, 1], map onto [-1, 1]
