@@ -148,6 +148,8 @@ def test_the_async_demo_stopped_by_sigint_and_sigkill_loses_and_repeats_no_promp
     assert [m["step"] for m in metrics] == list(range(STEPS + 1))  # validation at 0, then every step once
     window = tree["ppo"]["async_ppo"]["max_trajectory_age_steps"]
     assert max(m["async/max_policy_age"] for m in metrics[1:]) <= window  # never past the staleness window
+    idle_keys = [f"async/idle/{part}" for part in ("buffer_starvation", "refit_bubble", "refit_event_wait")]
+    assert set(idle_keys) | {"async/wasted/failed_trajectory", "async/efficiency"} <= metrics[-1].keys()
     gain = metrics[-1]["val/reward_mean"] - metrics[0]["val/reward_mean"]
     assert gain > MIN_VALIDATION_GAIN, (metrics[0]["val/reward_mean"], metrics[-1]["val/reward_mean"])
     books = json.loads((run_dir / "checkpoints" / f"step_{STEPS}" / "accounting.json").read_text())

@@ -3,6 +3,7 @@ weight sync, checkpoints, and a stopped-then-resumed run that repeats an uninter
 changed LR, recorded in the run directory's config history)."""
 
 import copy
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -125,15 +126,32 @@ def test_colocated_run_with_critic_warm_up_warm_started_critic_and_rollout_dumps
     assert dump["step"] == 2 and len(dump["reward"]) == 8
 
 
-def test_fresh_critic_predicts_zero_before_its_first_update_under_dynamic_sampling(
+def test_fresh_critic_predicts_zero_before_its_first_update_under_dynamic_sampling_and_the_step_is_recorded_in_text(
     ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
 ):
     # Dynamic sampling rides along (wired from the config to the sync source): the step still trains 4 groups.
-    tree = tiny_run_tree(data_dir, max_num_steps=1, use_dynamic_sampling=True, batch_multiplier=2)
+    tree = tiny_run_tree(
+        data_dir,
+        max_num_steps=1,
+        use_dynamic_sampling=True,
+        batch_multiplier=2,
+        log_rollout_dump=True,
+        rollout_dump_period=1,
+    )
     metrics = _train(tree, tmp_path, cache_dir)
     assert metrics[0]["critic/mean_v_early"] == 0.0
     assert metrics[0]["dynamic_sampling/num_gen_batches"] >= 1.0
     assert metrics[0]["train/num_samples"] == 8.0
+    # The run records: one train data line per trained sample, and the dump's texts, decoded by the driver.
+    samples = tree["ppo"]["num_prompts_per_step"] * tree["ppo"]["num_generations_per_prompt"]
+    lines = (tmp_path / "train_data" / "train_data_step1.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == samples and [r["sample_index"] for r in records] == list(range(samples))
+    assert all(r["prompt"] and r["num_generated_tokens"] > 0 and r["trajectory_age"] == 0 for r in records)
+    dump = torch.load(tmp_path / "rollout_dumps" / "step_1.pt", weights_only=True)
+    assert [r["reward"] for r in records] == pytest.approx(dump["reward"].tolist())
+    assert dump["content"][0].startswith(records[0]["prompt"]) and len(dump["content"]) == samples
+    assert len(dump["token_text"]) == len(dump["token_ids"])
 
 
 def test_stopped_and_resumed_run_repeats_the_uninterrupted_run_and_takes_a_changed_lr(

@@ -121,7 +121,7 @@ def _step_metrics(step: int, async_run: bool) -> dict[str, float]:
             "async/avg_trajectory_age": 1.0,
             "async/max_trajectory_age": 1.0,
             "async/collector_groups_per_second": 14.0,
-            "async/idle_wait_seconds": 0.0,
+            "async/idle/buffer_starvation": 0.0,
             "async/failed_trajectories": 0.0,
             "async/dropped_prompts/stale": 0.0,
             "async/dropped_prompts/surplus": 2.0,

@@ -31,6 +31,11 @@ def hand_batch(group_ids: list[int], **optional: torch.Tensor) -> TrainBatch:
     )
 
 
+def spelled(token_ids) -> str:
+    """A fake tokenizer's decode: the ids, space-separated."""
+    return " ".join(str(token_id) for token_id in token_ids)
+
+
 def dump(tmp_path, batch: TrainBatch, **kwargs):
     arguments = {"num_generations_per_prompt": 2, "credit_level": "token", "adv_raw_mean": 0.5, "adv_raw_std": 2.0}
     path = write_rollout_dump(tmp_path / "dumps" / "rollout_dump_step4.pt", 4, batch, **(arguments | kwargs))
@@ -38,11 +43,13 @@ def dump(tmp_path, batch: TrainBatch, **kwargs):
 
 
 def test_policy_tokens_are_packed_sample_by_sample(tmp_path):
-    loaded = dump(tmp_path, hand_batch([7, 7, 9, 9]), texts=["a", "b", "c", "d"])
+    loaded = dump(tmp_path, hand_batch([7, 7, 9, 9]), decode=spelled)
     assert loaded["format_version"] == FORMAT_VERSION
     assert (loaded["step"], loaded["num_generations_per_prompt"], loaded["credit_level"]) == (4, 2, "token")
     assert (loaded["adv_raw_mean"], loaded["adv_raw_std"]) == (0.5, 2.0)
-    assert loaded["content"] == ["a", "b", "c", "d"]
+    # content: every real token of the sample (lengths 4, 3, 5, 4); token_text: the policy tokens one by one.
+    assert loaded["content"] == ["10 11 12 13", "10 11 14", "20 21 22 23 24", "20 21 25 26"]
+    assert loaded["token_text"] == ["12", "13", "14", "22", "24", "25", "26"]
     # Policy tokens (sample, position): (0,2) (0,3) (1,2) (2,2) (2,4) (3,2) (3,3).
     assert loaded["token_sample_index"].tolist() == [0, 0, 1, 2, 2, 3, 3]
     assert loaded["token_sequence_position"].tolist() == [2, 3, 2, 2, 4, 2, 3]
@@ -72,7 +79,7 @@ def test_group_indices_follow_group_ids_when_siblings_are_not_adjacent(tmp_path)
 
 def test_optional_fields_are_absent_when_not_given(tmp_path):
     loaded = dump(tmp_path, hand_batch([7, 7, 9, 9]))
-    for key in ("values", "returns", "reference_policy_logprobs", "is_anchor", "content"):
+    for key in ("values", "returns", "reference_policy_logprobs", "is_anchor", "content", "token_text"):
         assert key not in loaded
 
 
@@ -94,6 +101,4 @@ def test_bad_dump_requests_are_rejected(tmp_path):
         dump(tmp_path, batch.with_fields(advantages=None))
     with pytest.raises(ValueError, match="anchor_mask"):
         dump(tmp_path, batch, credit_level="turn")
-    with pytest.raises(ValueError, match="texts"):
-        dump(tmp_path, batch, texts=["only one"])
     assert not (tmp_path / "dumps").exists() or not any((tmp_path / "dumps").iterdir())

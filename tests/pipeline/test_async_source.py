@@ -22,6 +22,7 @@ from asyncppo.pipeline.buffer import DROP_REASONS
 from asyncppo.pipeline.errors import StallError
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.staleness import AgeSchedule
+from asyncppo.pipeline.time_tally import COLLECTOR_TIME_REASONS
 
 
 def test_startup_after_resume_needs_target_n_plus_1_covered_not_only_n():
@@ -120,7 +121,8 @@ def test_batch_metrics_report_ages_buffer_and_drops():
         "async/max_trajectory_age",
         "async/avg_policy_age",
         "async/max_policy_age",
-        "async/idle_wait_seconds",
+        "async/idle/buffer_starvation",
+        *(f"async/{reason}" for reason in COLLECTOR_TIME_REASONS),
         "async/failed_trajectories",
         "async/collector_groups_per_second",
         "rollout/failed_groups",

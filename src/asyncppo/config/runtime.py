@@ -179,7 +179,8 @@ class EnvConfig(Section):
     """Collect rollouts from NeMo-Gym-compatible servers instead of single-turn generation."""
     should_log_nemo_gym_responses: bool = False
     """Append every raw gym `/run` result (with its group id and sample index) to `gym_results.jsonl` in the run
-    directory, for debugging environments."""
+    directory, for debugging environments; the per-step train data records (logger.train_data_period) are then
+    not written."""
     gym: GymConfig = GymConfig()
     """Gym servers."""
 
@@ -369,3 +370,7 @@ class LoggerConfig(Section):
     """MLflow settings."""
     mismatch_plot_threshold: float = Field(default=1.05, gt=1)
     """Plot the worst sequence's logprobs when token_mult_prob_error exceeds this."""
+    train_data_period: NonNegativeInt = 1
+    """Write `train_data/train_data_step{N}.jsonl` (one line per trained sample: prompt and response texts, token
+    counts, reward and its components, mean advantage, group id, policy version) every N steps; 0 = never. Off
+    while env.should_log_nemo_gym_responses logs the raw gym results instead, as in NeMo-RL."""

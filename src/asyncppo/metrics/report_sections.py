@@ -112,7 +112,7 @@ SECTIONS = (
             Panel("policy age (versions)", ("async/avg_policy_age", "async/max_policy_age")),
             Panel("trajectory age (steps)", ("async/avg_trajectory_age", "async/max_trajectory_age")),
             Panel("async/collector_groups_per_second", ("async/collector_groups_per_second",)),
-            Panel("async/idle_wait_seconds", ("async/idle_wait_seconds",)),
+            Panel("idle seconds by reason (and wasted on failed rollouts)", ("async/idle/*", "async/wasted/*")),
             Panel("async/failed_trajectories", ("async/failed_trajectories",)),
             Panel("dropped prompts by reason", ("async/dropped_prompts/*",)),
         ),

@@ -6,7 +6,7 @@ N policy tokens of the whole batch (the packed per-token arrays list them sample
 """
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,9 +17,10 @@ from asyncppo.types import TrainBatch
 FORMAT_VERSION = 1
 DESCRIPTION = """asyncppo rollout dump, format_version 1. Per-sample arrays [B]: sample_index, reward (after reward
 processing), sample_loss_mask, input_length, prompt_length, num_response_tokens (policy tokens), prompt_group_index
-and generation_index (from group_id, in order of appearance), group_id, policy_version, truncated; content (texts)
-when given. Packed per-policy-token arrays [N] (tokens with token_mask 1, sample by sample): token_sample_index,
-token_sequence_position, token_response_position (= position - prompt_length), token_ids, generation_logprobs,
+and generation_index (from group_id, in order of appearance), group_id, policy_version, truncated; content (each
+sample's decoded text, prompt included) when the writer had a tokenizer. Packed per-policy-token arrays [N] (tokens
+with token_mask 1, sample by sample): token_sample_index, token_sequence_position, token_response_position
+(= position - prompt_length), token_ids, token_text (each token decoded alone; with content), generation_logprobs,
 old_logprobs (the pre-update trainer logprobs; 'prev_logprobs' in NeMo-RL), advantages (after whitening),
 values (when the run has a critic), returns, reference_policy_logprobs and is_anchor (turn credit: returns are
 critic targets only where is_anchor is true; filter before averaging). Optional keys are absent, never None.
@@ -52,10 +53,13 @@ def build_rollout_dump(
     credit_level: Literal["token", "turn"],
     adv_raw_mean: float,
     adv_raw_std: float,
-    texts: Sequence[str] | None = None,
+    decode: Callable[[Sequence[int]], str] | None = None,
     anchor_mask: torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """The dump payload (see DESCRIPTION); `write_rollout_dump` saves it. anchor_mask [B, S] in turn mode only."""
+    """The dump payload (see DESCRIPTION); `write_rollout_dump` saves it. anchor_mask [B, S] in turn mode only.
+
+    `decode` (token ids -> text, the run's tokenizer) fills `content` and `token_text`; without it both are absent.
+    """
     size, seq_len = len(batch), batch.seq_len
     if credit_level not in ("token", "turn"):
         raise ValueError(f"credit_level must be 'token' or 'turn', got {credit_level!r}")
@@ -65,8 +69,6 @@ def build_rollout_dump(
         raise ValueError(f"anchor_mask shape {tuple(anchor_mask.shape)} != batch shape {(size, seq_len)}")
     if num_generations_per_prompt < 1:
         raise ValueError(f"num_generations_per_prompt must be >= 1, got {num_generations_per_prompt}")
-    if texts is not None and len(texts) != size:
-        raise ValueError(f"texts has {len(texts)} entries for a batch of {size} samples")
     batch = batch.to("cpu")
     advantages, old_logprobs = batch.advantages, batch.old_logprobs
     if advantages is None or old_logprobs is None:
@@ -105,8 +107,10 @@ def build_rollout_dump(
         "old_logprobs": packed(old_logprobs),
         "advantages": packed(advantages),
     }
-    if texts is not None:
-        dump["content"] = list(texts)
+    if decode is not None:
+        lengths = dump["input_length"].tolist()
+        dump["content"] = [decode(batch.input_ids[row, : lengths[row]].tolist()) for row in range(size)]
+        dump["token_text"] = [decode([token_id]) for token_id in dump["token_ids"].tolist()]
     optional = {
         "values": batch.values,
         "returns": batch.returns,
@@ -129,7 +133,7 @@ def write_rollout_dump(
     credit_level: Literal["token", "turn"],
     adv_raw_mean: float,
     adv_raw_std: float,
-    texts: Sequence[str] | None = None,
+    decode: Callable[[Sequence[int]], str] | None = None,
     anchor_mask: torch.Tensor | None = None,
 ) -> Path:
     """Save `build_rollout_dump(...)` to `path` (written to a temp name, then renamed); returns the path."""
@@ -140,7 +144,7 @@ def write_rollout_dump(
         credit_level=credit_level,
         adv_raw_mean=adv_raw_mean,
         adv_raw_std=adv_raw_std,
-        texts=texts,
+        decode=decode,
         anchor_mask=anchor_mask,
     )
     output = Path(path)

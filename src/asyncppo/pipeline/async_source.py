@@ -25,6 +25,7 @@ from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.ledger import AccountingReport
 from asyncppo.pipeline.sources import GroupRolloutFn, PromptBatches, SourceSnapshot, StepBatch
 from asyncppo.pipeline.staleness import AgeSchedule
+from asyncppo.pipeline.time_tally import BUFFER_STARVATION
 
 STATE_FORMAT = 1
 
@@ -134,7 +135,12 @@ class AsyncBatchSource:
         )
 
     def _metrics(self, step: int, groups: list[BufferedGroup], idle_seconds: float) -> dict[str, float]:
-        """Ages are weighted per trajectory and use the version each group started with (its oldest weights)."""
+        """Ages are weighted per trajectory and use the version each group started with (its oldest weights).
+
+        Seconds: `async/idle/buffer_starvation` is the driver's wait in this next_batch for a complete batch (and
+        for step + 1 to be covered); the collector's `async/idle/*` and `async/wasted/*` (see time_tally) are
+        summed since the previous batch.
+        """
         versions = [group.generation_version for group in groups for _ in group.trajectories]
         trajectory_ages = [step - version for version in versions]
         policy_ages = [self._ages.policy_age(step, version) for version in versions]
@@ -149,10 +155,11 @@ class AsyncBatchSource:
             "async/max_trajectory_age": float(max(trajectory_ages)),
             "async/avg_policy_age": sum(policy_ages) / len(policy_ages),
             "async/max_policy_age": float(max(policy_ages)),
-            "async/idle_wait_seconds": idle_seconds,
+            BUFFER_STARVATION: idle_seconds,
             "async/failed_trajectories": float(self._collector.num_failed_rollouts),
             "async/collector_groups_per_second": (completed - last_completed) / max(now - last_time, 1e-9),
         }
+        metrics.update({f"async/{reason}": seconds for reason, seconds in self._collector.time_tally.take().items()})
         # Cumulative over the run (the ledger is checkpointed), one key per reason so the series never vanish.
         metrics.update({f"async/dropped_prompts/{reason}": float(dropped.get(reason, 0)) for reason in DROP_REASONS})
         return metrics

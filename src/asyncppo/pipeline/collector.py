@@ -5,6 +5,7 @@ Built by the driver's builders with a rollout function; driven by AsyncBatchSour
     prompt stream --epochs--> pending rows [(draw id, row)] --reserve lowest needed target (gap-fill)-->
         one thread per prompt group: rollout([row], [draw id]) --> buffer.add_group (or failure channel)
     set_weight_version(v): the window of collectable targets moves (AgeSchedule.collectable_targets)
+    time_tally: seconds the loop waited, by why it could start nothing, and seconds of failed rollouts
 
 Draw ids are assigned when a row leaves the prompt stream, so a row drawn but not yet started (the rest of a
 batch, kept in `pending`) or in flight when a checkpoint is taken is saved with its id and regenerated on
@@ -16,17 +17,26 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from asyncppo.pipeline.buffer import FAILED_ROLLOUT, TrajectoryBuffer
+from asyncppo.pipeline.epochs import EpochCycler
 from asyncppo.pipeline.errors import CollectorError, StallError
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.plain_state import check_plain_data
 from asyncppo.pipeline.sources import GroupOutcome, GroupRolloutFn, PromptBatches, Row
 from asyncppo.pipeline.staleness import AgeSchedule
+from asyncppo.pipeline.time_tally import (
+    BUFFER_FULL_BACKOFF,
+    COLLECTOR_TIME_REASONS,
+    FAILED_TRAJECTORY,
+    GENERATION_LIMIT_PAUSE,
+    REFIT_EVENT_WAIT,
+    TimeTally,
+)
 from asyncppo.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -82,10 +92,9 @@ class Collector:
         self._num_groups_completed = 0
         self._num_failed_rollouts = 0
         self._failure: tuple[str, BaseException] | None = None
-        self._batches: Iterator[list[Row]] | None = None  # only the loop thread touches the stream
+        self._stream = EpochCycler(prompts)  # only the loop thread reads it
         self._drawing_since: float | None = None  # set while the loop reads the stream outside the lock
-        self._batches_this_epoch = 0
-        self._empty_epochs_in_a_row = 0
+        self.time_tally = TimeTally(COLLECTOR_TIME_REASONS)
         buffer.add_listener(self._wake)
 
     # ---- driver-facing controls -------------------------------------------------------------------------
@@ -213,7 +222,7 @@ class Collector:
         """
         rows: list[Row] = []
         try:
-            rows = self._next_rows()
+            rows = self._stream.next_rows()
         finally:
             with self._condition:
                 for row in rows:
@@ -225,14 +234,25 @@ class Collector:
     def _wait_for_work(self) -> tuple[int, int] | None:
         """(target, number of groups to start), or None when stopping. Re-checks after every wake or timeout."""
         while not self._stopping and self._failure is None:
-            if not self._paused and len(self._running) < self._max_concurrent:
-                capacity = min(self._max_concurrent - len(self._running), self._buffer.free_slots())
-                for target in self._targets():
-                    needed = self._buffer.needed(target)
-                    if needed > 0 and capacity > 0:
-                        return target, min(needed, capacity)
+            work, idle_reason = self._next_work()
+            if work is not None:
+                return work
+            started = time.monotonic()
             self._condition.wait(timeout=self._idle_recheck_s)
+            self.time_tally.add(idle_reason, time.monotonic() - started)
         return None
+
+    def _next_work(self) -> tuple[tuple[int, int] | None, str]:
+        """((lowest target still needing groups, how many to start), "") or (None, why nothing may start)."""
+        if self._paused:
+            return None, REFIT_EVENT_WAIT
+        if len(self._running) >= self._max_concurrent:
+            return None, GENERATION_LIMIT_PAUSE
+        needing = [(target, needed) for target in self._targets() if (needed := self._buffer.needed(target)) > 0]
+        capacity = min(self._max_concurrent - len(self._running), self._buffer.free_slots())
+        if not needing or capacity <= 0:
+            return None, GENERATION_LIMIT_PAUSE if not needing else BUFFER_FULL_BACKOFF
+        return (needing[0][0], min(needing[0][1], capacity)), ""
 
     def _targets(self) -> list[int]:
         """The targets this version may reserve, plus its own step when that still lacks groups.
@@ -258,37 +278,15 @@ class Collector:
             self._threads.add(thread)
             thread.start()
 
-    def _next_rows(self) -> list[Row]:
-        """The next batch, cycling epochs; two epochs in a row without a batch mean there is nothing to draw."""
-        while True:
-            if self._batches is None:
-                self._batches = iter(self._prompts)
-                self._batches_this_epoch = 0
-            batch = next(self._batches, None)
-            if batch is not None:
-                if not batch:
-                    raise CollectorError("the prompt stream yielded an empty batch")
-                self._batches_this_epoch += 1
-                self._empty_epochs_in_a_row = 0
-                return list(batch)
-            # A resumed stream may yield nothing in its first epoch (restored at the epoch's end); only a second
-            # empty epoch in a row means the data is gone.
-            if self._batches_this_epoch == 0:
-                self._empty_epochs_in_a_row += 1
-            self._batches = None
-            if self._empty_epochs_in_a_row >= 2:
-                raise CollectorError(
-                    "the prompt stream yielded no prompts in two consecutive epochs: the dataset is empty or "
-                    "exhausted (async collection needs a stream that cycles epochs, e.g. max_epochs=None)"
-                )
-
     def _run_rollout(self, draw_id: int, row: Row) -> None:
+        started = time.monotonic()
         try:
             try:
                 outcome = self._single_outcome(draw_id, self._rollout([row], [draw_id]))
             except Exception as error:  # a raised call fails its one group, like a returned failure
                 outcome = error
             if isinstance(outcome, Exception):  # fault tolerance is the point: counted, replaced or fatal
+                self.time_tally.add(FAILED_TRAJECTORY, time.monotonic() - started)
                 self._rollout_failed(draw_id, outcome)
                 return
             self._rollout_done(draw_id, outcome)
@@ -390,4 +388,4 @@ class Collector:
             self._next_draw_id = int(state["next_draw_id"])
             self._num_groups_completed = int(state["num_groups_completed"])
             self._num_failed_rollouts = int(state["num_failed_rollouts"])
-            self._batches = None
+            self._stream.restart()

@@ -181,6 +181,7 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
         checkpoints=checkpoints,
         pad_token_id=pad,
         published=published,
+        tokenizer=tokenizer,
         groups=groups,
         gym=gym,
         privileged_critic=PrivilegedCritic(tokenizer, privilege, pad) if privilege is not None else None,

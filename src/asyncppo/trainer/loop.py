@@ -3,7 +3,8 @@
     build_run -> restore -> [validate] -> for each step: batch = source.next_batch(step)
                                                          [privileged critic prefixes from the trajectories]
                                                          ppo_step(batch) -> publish weights (version step+1)
-                                                         validate every val_period -> log
+                                                         validate every val_period
+                                                         [rollout dump] [train data records] -> log
                                                          print the books every log_every steps -> checkpoint
                                                          stop requested (a signal) -> checkpoint -> return
 One loop for sync and async PPO: they differ only in the batch source (pipeline/sources.py), which also
@@ -12,12 +13,14 @@ runs reproducible, and keeps the books of every prompt drawn.
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from asyncppo.algorithms.mismatch import mismatch_plot_data
+from asyncppo.metrics.train_data import train_data_path, train_data_records, write_train_data
+from asyncppo.pipeline.time_tally import driver_idle_breakdown
 from asyncppo.trainer.ppo_step import StepOutput, ppo_step
 from asyncppo.trainer.run import Run
-from asyncppo.types import collate_trajectories
+from asyncppo.types import Trajectory, collate_trajectories
 
 
 def _never() -> bool:
@@ -69,6 +72,9 @@ def train(run: Run, stop_requested: Callable[[], bool] = _never) -> int:
             _dump_rollouts(run, output, completed, metrics)
         metrics["timing/generation"] = generated - started
         metrics["timing/step"] = time.perf_counter() - started
+        metrics.update(driver_idle_breakdown(metrics))  # async runs only
+        if not run.config.env.should_log_nemo_gym_responses and _due(run.config.logger.train_data_period, completed):
+            _write_train_data(run, step_batch.trajectories, output, completed)
         metrics.update(run.rollout_metrics())  # cumulative, so read last: validation's rollouts count too
         metrics.update(run.generation_metrics())  # since the last read: this step's validation counts too
         run.metrics.log(completed, metrics)
@@ -130,5 +136,18 @@ def _dump_rollouts(run: Run, output: StepOutput, step: int, metrics: dict[str, f
         credit_level="turn" if turn_mode else "token",
         adv_raw_mean=metrics.get("adv_raw/mean", 0.0),
         adv_raw_std=metrics.get("adv_raw/std", 0.0),
+        decode=run.decode,
         anchor_mask=output.batch.critic_mask if turn_mode else None,
     )
+
+
+def _write_train_data(run: Run, trajectories: Sequence[Trajectory], output: StepOutput, step: int) -> None:
+    """Every trained sample's texts, token counts, reward and mean advantage (train_data_step{N}.jsonl)."""
+    records = train_data_records(
+        step,
+        output.batch,
+        prompts=[run.decode(t.token_ids[: t.prompt_length]) for t in trajectories],
+        responses=[run.decode(t.token_ids[t.prompt_length :]) for t in trajectories],
+        reward_components=[t.reward_components for t in trajectories],
+    )
+    write_train_data(train_data_path(run.run_dir, step), records)

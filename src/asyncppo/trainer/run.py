@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transformers import PreTrainedTokenizerBase
+
 from asyncppo.checkpoint import (
     CheckpointManager,
     RunState,
@@ -27,6 +29,7 @@ from asyncppo.checkpoint import (
 from asyncppo.config import RunConfig, dump_config
 from asyncppo.generation.engines import prefix_reuse_metrics
 from asyncppo.metrics import MetricsLogger
+from asyncppo.models.tokenizer import decode_ids
 from asyncppo.pipeline.sources import BatchSource
 from asyncppo.trainer.ppo_step import StepSettings
 from asyncppo.trainer.privileged_critic import CriticPrefixes, PrivilegedCritic
@@ -78,6 +81,8 @@ class Run:
     checkpoints: CheckpointManager | None
     pad_token_id: int
     published: PublishedVersion
+    tokenizer: PreTrainedTokenizerBase
+    """The run's tokenizer (the driver's copy), for the texts of the run records."""
     groups: list[WorkerGroup[object]] = field(default_factory=list[WorkerGroup[object]])
     gym: "GymRollouts | None" = None
     privileged_critic: PrivilegedCritic | None = None
@@ -90,6 +95,10 @@ class Run:
     def critic_prefixes(self, trajectories: Sequence[Trajectory]) -> CriticPrefixes | None:
         """The privileged critic's prefixes for the step's trajectories (batch row order); None when it is off."""
         return self.privileged_critic.prefixes(trajectories) if self.privileged_critic is not None else None
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids`, special tokens kept (run records show exactly what was trained on)."""
+        return decode_ids(self.tokenizer, token_ids)
 
     def rollout_metrics(self) -> dict[str, float]:
         """Cumulative rollout-side counters logged with every step (gym requests, retries, failures, penalties)."""
