@@ -2,7 +2,8 @@
 
     build_run -> restore -> [validate] -> for each step: batch = source.next_batch(step)
                                                          [privileged critic prefixes from the trajectories]
-                                                         ppo_step(batch) -> publish weights (version step+1)
+                                                         ppo_step(batch) + reward/<component> means
+                                                         -> publish weights (version step+1)
                                                          validate every val_period -> log
                                                          print the books every log_every steps -> checkpoint
                                                          stop requested (a signal) -> checkpoint -> return
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from asyncppo.algorithms.mismatch import mismatch_plot_data
+from asyncppo.rollout.reward_components import reward_component_metrics
 from asyncppo.trainer.ppo_step import StepOutput, ppo_step
 from asyncppo.trainer.run import Run
 from asyncppo.types import collate_trajectories
@@ -52,7 +54,7 @@ def train(run: Run, stop_requested: Callable[[], bool] = _never) -> int:
         prefixes = run.critic_prefixes(step_batch.trajectories)  # privileged critic: None when off
         output = ppo_step(run.step_settings, run.policy, run.value, batch, step, critic_prefixes=prefixes)
         policy_has_trained = policy_has_trained or output.policy_trained
-        metrics = {**step_batch.metrics, **output.metrics}
+        metrics = {**step_batch.metrics, **output.metrics, **reward_component_metrics(step_batch.trajectories)}
         bubble_started = time.perf_counter()
         # Async: rollouts drain (or only pause, with in-flight updates) for the push, then the window moves;
         # always, also when the policy did not train (critic warm-up).
