@@ -60,6 +60,9 @@ class Trajectory:
     """Named parts of the reward (they sum to `reward` when present)."""
     task: dict[str, Any] = field(default_factory=dict[str, Any])
     """The dataset row's task fields (ground truth, ids), for reward functions, dumps and privileged critics."""
+    invalid_tool_call: bool = False
+    """An assistant message's text holds tool-call markup the agent did not execute (gym
+    `env.gym.invalid_tool_call_patterns`)."""
 
     def __post_init__(self) -> None:
         length = len(self.token_ids)

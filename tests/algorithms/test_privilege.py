@@ -12,6 +12,7 @@ from asyncppo.algorithms.privilege import (
     TRUNCATION_MARKER,
     field_text,
     fit_to_budget,
+    insert_into_rows,
     prepend_prefixes,
     privilege_metrics,
     read_task_field,
@@ -204,5 +205,24 @@ def test_prepend_prefixes_puts_each_prefix_before_its_verbatim_row():
 def test_prepend_prefixes_needs_right_padding_and_one_prefix_per_row():
     with pytest.raises(ValueError, match="right padding"):
         prepend_prefixes(torch.tensor([[0, 5]]), torch.tensor([[0, 1]]), [[1]], pad_token_id=0)
-    with pytest.raises(ValueError, match="1 prefixes for a batch of 2 rows"):
+    with pytest.raises(ValueError, match="1 insertions for a batch of 2 rows"):
         prepend_prefixes(torch.ones(2, 2, dtype=torch.long), torch.ones(2, 2), [[1]], pad_token_id=0)
+
+
+def test_insert_into_rows_splices_each_insertion_before_its_position():
+    # Row 0: [11, 12, 13] with [7, 8] before position 1 -> [11, 7, 8, 12, 13]; row 1: [21, 22] with [9] at its end.
+    input_ids = torch.tensor([[11, 12, 13], [21, 22, 0]])
+    attention = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    layout = insert_into_rows(input_ids, attention, [1, 2], [[7, 8], [9]], pad_token_id=0)
+    assert layout.input_ids.tolist() == [[11, 7, 8, 12, 13], [21, 22, 9, 0, 0]]
+    assert layout.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert layout.prefix_lengths.tolist() == [2, 1] and layout.insert_positions.tolist() == [1, 2]
+    # Policy tokens move past the insertion; inserted positions read 0 and are dropped on the way back.
+    assert layout.to_critic(input_ids.float()).tolist() == [[11, 0, 0, 12, 13], [21, 22, 0, 0, 0]]
+    values = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5], [0.6, 0.7, 0.8, 0.0, 0.0]])
+    assert torch.equal(layout.to_policy(values), torch.tensor([[0.1, 0.4, 0.5], [0.6, 0.7, 0.0]]))
+
+
+def test_insert_into_rows_refuses_a_position_outside_the_row():
+    with pytest.raises(ValueError, match=r"row 1: insert position 3 is outside 0\.\.2"):
+        insert_into_rows(torch.tensor([[1, 2], [3, 4]]), torch.ones(2, 2), [0, 3], [[5], [6]], pad_token_id=0)

@@ -81,3 +81,36 @@ def test_value_budgets_are_raised_by_the_reserve_only_when_enabled(tree):
     tree["value"]["privileged_critic"]["enabled"] = False
     value = validate_tree(tree).value
     assert value is not None and value.critic_max_tokens_per_microbatch == 1000
+
+
+@pytest.mark.parametrize("placement", ["user_suffix", "user_prefix", "system"])
+def test_placement_and_template_load(tree, placement):
+    _privileged(tree, placement=placement, template="[for the critic]\n{answer} {{braces}}")
+    config = validate_tree(tree)
+    assert config.value is not None and config.value.privileged_critic.placement == placement
+
+
+def test_placement_defaults_to_the_user_suffix_with_the_bare_block(tree):
+    config = validate_tree(_privileged(tree))
+    assert config.value is not None
+    assert (config.value.privileged_critic.placement, config.value.privileged_critic.template) == (
+        "user_suffix",
+        "{answer}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "found"),
+    [("no placeholder", "[]"), ("{answer} and {answer}", "['answer', 'answer']"), ("{gold}", "['gold']")],
+)
+def test_the_template_needs_its_placeholder_once(tree, template, found):
+    _privileged(tree, template=template)
+    assert _rejected(tree).startswith(
+        f"value.privileged_critic.template: {template!r} must contain the placeholder {{answer}} exactly once and no "
+        f"other field (found {found})"
+    )
+
+
+def test_an_unknown_placement_is_rejected(tree):
+    _privileged(tree, placement="assistant")
+    assert _rejected(tree).startswith("value.privileged_critic.placement: Input should be 'user_suffix'")

@@ -229,6 +229,52 @@ def test_unwanted_token_penalty_needs_token_ids(tree):
     assert _rejected(tree).startswith("reward_penalties.token_ids_unwanted: must list token ids")
 
 
+def test_invalid_tool_call_penalty_needs_patterns(tree):
+    tree["env"] = {"should_use_nemo_gym": True}
+    tree["reward_penalties"] = {"penalize_invalid_tool_call": True}
+    assert _rejected(tree).startswith(
+        "reward_penalties.penalize_invalid_tool_call: needs env.gym.invalid_tool_call_patterns"
+    )
+    tree["env"]["gym"] = {"invalid_tool_call_patterns": ["<tool_call>"]}
+    assert validate_tree(tree).reward_penalties.any_enabled
+
+
+@pytest.mark.parametrize(
+    ("gym", "error"),
+    [
+        ({"thinking_tags": ["<think>", "<think>"]}, "env.gym.thinking_tags: ['<think>', '<think>'] must be"),
+        ({"thinking_tags": ["", "</r>"]}, "env.gym.thinking_tags: ['', '</r>'] must be two different"),
+        (
+            {"invalid_tool_call_patterns": ["ok", "(unclosed"]},
+            "env.gym.invalid_tool_call_patterns.1: '(unclosed' is not a regex: missing )",
+        ),
+        ({"reasoning_effort": "max"}, "env.gym.reasoning_effort: 'max' is not one of effort_levels"),
+        ({"effort_levels": ["a"], "reasoning_effort": "low"}, "env.gym.reasoning_effort: 'low' is not one of"),
+    ],
+)
+def test_gym_text_knobs_are_checked_at_load_time(tree, gym, error):
+    tree["env"] = {"should_use_nemo_gym": True, "gym": gym}
+    assert _rejected(tree).startswith(error)
+
+
+def test_gym_text_knobs_load(tree):
+    tree["env"] = {
+        "should_use_nemo_gym": True,
+        "gym": {
+            "thinking_tags": ["<reasoning>", "</reasoning>"],
+            "invalid_tool_call_patterns": [r"<tool_call>", r"\{\s*\"name\""],
+            "effort_levels": ["low", "high"],
+            "reasoning_effort": "high",
+        },
+    }
+    gym = validate_tree(tree).env.gym
+    assert gym.thinking_tags == ("<reasoning>", "</reasoning>") and gym.reasoning_effort == "high"
+    assert validate_tree({**tree, "env": {"should_use_nemo_gym": True}}).env.gym.thinking_tags == (
+        "<think>",
+        "</think>",
+    )
+
+
 @pytest.mark.parametrize("key", ["invalid_tool_call_advantage", "malformed_thinking_advantage"])
 def test_advantage_overwrite_penalties_are_rejected_for_ppo(tree, key):
     tree["ppo"][key] = -1.0

@@ -390,3 +390,51 @@ def test_an_unknown_default_agent_is_a_value_error(agent: ScriptedAgent) -> None
     client = make_client(agent, default_agent="math_agent")
     with pytest.raises(ValueError, match=r"env.gym.default_agent\) 'math_agent' is not a known agent"):
         run_once(client, make_row())
+
+
+def knob_client(agent: ScriptedAgent, **knobs: Any) -> GymClient:
+    """make_client's client with the env.gym text knobs (invalid_tool_call_patterns, effort) given."""
+    return GymClient(
+        {"synonym_agent": f"http://127.0.0.1:{agent.port}"},
+        None,
+        max_concurrency=4,
+        rollout_deadline_s=5.0,
+        max_retries=0,
+        backoff_s=0.01,
+        train_sampling=SamplingProfile(temperature=1.0, top_p=1.0),
+        validation_sampling=SamplingProfile(temperature=0.6, top_p=0.95),
+        max_output_tokens=8,
+        **knobs,
+    )
+
+
+def test_reasoning_effort_reaches_the_request_body_of_rows_without_their_own(agent: ScriptedAgent) -> None:
+    client = knob_client(agent, reasoning_effort="high", effort_levels=["low", "high"])
+    run_once(client, make_row())
+    assert agent.bodies[0]["responses_create_params"]["reasoning"] == {"effort": "high"}
+    own = make_row()
+    own["responses_create_params"]["reasoning"] = {"effort": "low", "summary": "auto"}
+    run_once(knob_client(agent, reasoning_effort="high", effort_levels=["low", "high"]), own)
+    assert agent.bodies[1]["responses_create_params"]["reasoning"] == {"effort": "low", "summary": "auto"}
+    run_once(knob_client(agent), make_row())  # no reasoning_effort: nothing added
+    assert "reasoning" not in agent.bodies[2]["responses_create_params"]
+
+
+def test_a_row_effort_outside_the_levels_is_an_error_naming_the_key(agent: ScriptedAgent) -> None:
+    row = make_row()
+    row["responses_create_params"]["reasoning"] = {"effort": "extreme"}
+    with pytest.raises(ValueError, match=r"reasoning.effort 'extreme' is not one of env.gym.effort_levels"):
+        run_once(knob_client(agent, effort_levels=["low", "high"]), row)
+    assert agent.bodies == []
+    with pytest.raises(ValueError, match="reasoning_effort 'max' is not one of"):
+        knob_client(agent, reasoning_effort="max", effort_levels=["low"])
+
+
+@pytest.mark.parametrize(("patterns", "flagged"), [([r"<tool_call>"], False), ([r"^7\d1$"], True), ([], False)])
+def test_invalid_tool_call_patterns_flag_trajectories_by_their_assistant_text(
+    agent: ScriptedAgent, patterns: list[str], flagged: bool
+) -> None:
+    # The canned result's assistant message says "711"; its executed call is a function_call item, not text.
+    client = knob_client(agent, invalid_tool_call_patterns=patterns)
+    [trajectory] = run_group_once(client, make_row())
+    assert trajectory.invalid_tool_call is flagged

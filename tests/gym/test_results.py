@@ -9,6 +9,7 @@ mask is 1 exactly on 5 6 7 10 11.
 import copy
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncppo.gym.results import InvalidResultError, StepLimit, trajectory_from_result
+from asyncppo.gym.results import (
+    InvalidResultError,
+    StepLimit,
+    assistant_texts,
+    has_invalid_tool_call,
+    trajectory_from_result,
+)
 from asyncppo.types import MessageSpan
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -264,3 +271,20 @@ def test_a_rollout_cut_by_the_step_limit_is_truncated() -> None:
     assert truncated(cut_after_first_call(), None) is False  # limit unknown
     # Ending on a final answer is a finished rollout, even with every step used.
     assert truncated(load("run_result_two_turn_tool_call.json"), StepLimit(2)) is False
+
+
+def test_has_invalid_tool_call_reads_only_assistant_message_text() -> None:
+    # An unexecuted call left in the answer's text is invalid; a parsed function_call item and the user's text
+    # are not looked at.
+    def result(*items: dict[str, object]) -> dict[str, object]:
+        return {"response": {"output": list(items)}}
+
+    markup = re.compile(r"<tool_call>")
+    call = {"type": "function_call", "name": "add", "arguments": "<tool_call>"}
+    user = {"type": "message", "role": "user", "content": "<tool_call>"}
+    text = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": 'x <tool_call>{"a"'}]}
+    assert not has_invalid_tool_call(result(call, user), [markup])
+    assert has_invalid_tool_call(result(call, text), [markup])
+    assert has_invalid_tool_call(result({"type": "message", "role": "assistant", "content": "<tool_call>"}), [markup])
+    assert not has_invalid_tool_call(result(text), [])
+    assert assistant_texts(result(user, text, call)) == ['x <tool_call>{"a"']

@@ -122,6 +122,11 @@ def test_the_multi_step_tool_task_trains_with_turn_gae_on_the_graph_engine_reusi
         assert 0 < step["generation/prefill_computed_fraction"] < 1, step
     assert metrics[-1]["val/turns_per_sample"] > 1.5
     assert "critic/explained_var" in metrics[-1] and "policy/loss" in metrics[-1]
+    # The multi_step environment reports reward_components {"correct_answer": reward}: its mean is logged per step
+    # (equal to the reward's, no penalty being on), and for validation.
+    for step in metrics:
+        assert step["reward/correct_answer"] == pytest.approx(step["train/reward_mean"], abs=1e-6), step
+    assert metrics[-1]["val/reward/correct_answer"] == pytest.approx(metrics[-1]["val/reward_mean"], abs=1e-6)
 
 
 def _multi_step_tree(**ppo: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Reward penalties on hand-built multi-turn Trajectories, tokenised and decoded with the tiny tokenizer."""
 
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -216,3 +217,38 @@ def test_settings_say_what_is_enabled() -> None:
         "unwanted_tokens",
         "malformed_think_tag",
     ]
+
+
+REASONING_TAGS = ("<reasoning>", "</reasoning>")
+
+
+@pytest.mark.parametrize(
+    ("tags", "turns", "counts"),
+    [
+        # With the model's own tags the block is read as thoughts: an answer follows, or it is left open.
+        (REASONING_TAGS, ["<reasoning>plan</reasoning>57"], {"malformed_think_tag": 0, "empty_final_answer": 0}),
+        (REASONING_TAGS, ["<reasoning>it is 57</reasoning>"], {"malformed_think_tag": 0, "empty_final_answer": 1}),
+        (REASONING_TAGS, ["<reasoning>cut off"], {"malformed_think_tag": 1, "empty_final_answer": 1}),
+        # The same texts under the default <think> tags are plain answers, and <think> is no longer special.
+        (None, ["<reasoning>it is 57</reasoning>"], {"malformed_think_tag": 0, "empty_final_answer": 0}),
+        (None, ["<reasoning>cut off"], {"malformed_think_tag": 0, "empty_final_answer": 0}),
+        (REASONING_TAGS, ["<think>a<think>b</think>57"], {"malformed_think_tag": 0, "empty_final_answer": 0}),
+    ],
+)
+def test_penalties_cut_turns_at_the_configured_thinking_tags(build, decode, tags, turns, counts) -> None:
+    settings = RewardPenaltiesConfig(penalize_malformed_think_tag=True, penalize_empty_final_answer=True)
+    extra = () if tags is None else (tags,)
+    [penalized], hits = apply_reward_penalties([build(turns)], settings, decode, *extra)
+    assert hits == counts and penalized.reward == (0.0 if any(counts.values()) else 1.0)
+
+
+def test_invalid_tool_call_penalty_zeroes_flagged_trajectories(build, decode) -> None:
+    flagged = dataclasses.replace(build(["57"], components={"correct": 1.0}), invalid_tool_call=True)
+    clean = build(["57"])
+    settings = RewardPenaltiesConfig(penalize_invalid_tool_call=True)
+    [zeroed, kept], counts = apply_reward_penalties([flagged, clean], settings, decode)
+    assert counts == {"invalid_tool_call": 1}
+    assert (zeroed.reward, zeroed.reward_components, kept.reward) == (0.0, {"correct": 0.0}, 1.0)
+    # Off: the flag alone changes nothing.
+    [untouched], counts = apply_reward_penalties([flagged], RewardPenaltiesConfig(), decode)
+    assert counts == {} and untouched.reward == 1.0

@@ -31,7 +31,8 @@ def privileged(tokenizer: Any) -> PrivilegedCritic:
         PrivilegedFieldConfig(name="answer"),
         PrivilegedFieldConfig(name="meta.tests", title="tests", max_tokens=40),
     ]
-    return PrivilegedCritic(tokenizer, PrivilegedCriticConfig(enabled=True, fields=fields, max_total_tokens=64), PAD)
+    settings = PrivilegedCriticConfig(enabled=True, placement="system", fields=fields, max_total_tokens=64)
+    return PrivilegedCritic(tokenizer, settings, PAD)
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:

@@ -4,8 +4,8 @@ Called by `trainer/privileged_critic.py` (rendering, tokenizer side) and `traine
 batch, S policy-layout positions, W critic-layout positions. The policy never sees any of this.
 
     task fields --read_task_field / field_text--> texts --fit_to_budget--> FieldOutcomes --> `<reference>` block
-    policy batch [B, S] + per-row prefix ids --prepend_prefixes--> PrefixedLayout [B, W]:
-        row i = prefix_i (the block as a system message) + the verbatim conversation ids, right-padded
+    policy batch [B, S] + per-row (position, ids) --insert_into_rows--> PrefixedLayout [B, W]:
+        row i = its verbatim ids with the block's ids spliced in at position_i (0 = a prefix), right-padded
         to_critic: returns, critic mask, every [B, S] field   policy [B, S] --> critic [B, W]
         to_policy: critic values                              critic [B, W] --> policy [B, S]
 """
@@ -224,10 +224,12 @@ def remap_between_masks(source: torch.Tensor, source_mask: torch.Tensor, target_
 
 @dataclass(frozen=True)
 class PrefixedLayout:
-    """The critic layout of a right-padded batch: row i = prefix_i + its conversation, right-padded to W.
+    """The critic layout of a right-padded batch: row i = its tokens with insertion_i spliced in before position
+    insert_positions[i] (0 = a prefix), right-padded to W.
 
-    input_ids / attention_mask `[B, W]`; conversation_mask `[B, W]` bool (the conversation's positions there);
-    policy_mask `[B, S]` bool (the same tokens in the policy layout); prefix_lengths `[B]` long.
+    input_ids / attention_mask `[B, W]`; conversation_mask `[B, W]` bool (the policy tokens' positions there);
+    policy_mask `[B, S]` bool (the same tokens in the policy layout); prefix_lengths `[B]` long (tokens inserted);
+    insert_positions `[B]` long (policy-layout position the insertion precedes).
     """
 
     input_ids: torch.Tensor
@@ -235,45 +237,70 @@ class PrefixedLayout:
     conversation_mask: torch.Tensor
     policy_mask: torch.Tensor
     prefix_lengths: torch.Tensor
+    insert_positions: torch.Tensor
 
     def to_critic(self, policy_tensor: torch.Tensor) -> torch.Tensor:
-        """`[B, S]` -> `[B, W]`: every conversation position shifted right by its row's prefix; 0 on prefix, padding."""
+        """`[B, S]` -> `[B, W]`: every position from the insertion on shifted right by its length; 0 on the
+        inserted positions and padding."""
         return remap_between_masks(policy_tensor, self.policy_mask, self.conversation_mask)
 
     def to_policy(self, critic_tensor: torch.Tensor) -> torch.Tensor:
-        """`[B, W]` -> `[B, S]`: the inverse move; prefix positions are dropped, padding is 0."""
+        """`[B, W]` -> `[B, S]`: the inverse move; inserted positions are dropped, padding is 0."""
         return remap_between_masks(critic_tensor, self.conversation_mask, self.policy_mask)
 
 
 def prepend_prefixes(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, prefixes: Sequence[Sequence[int]], pad_token_id: int
 ) -> PrefixedLayout:
-    """The critic layout of a right-padded batch `[B, S]`: prefixes[i] (possibly empty) before row i's tokens.
+    """The critic layout of a right-padded batch `[B, S]`: prefixes[i] (possibly empty) before row i's tokens."""
+    return insert_into_rows(input_ids, attention_mask, [0] * len(prefixes), prefixes, pad_token_id)
 
-    The conversation ids are copied, never re-tokenised. W = max_i (len(prefix_i) + length_i), at least 1.
+
+def insert_into_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: Sequence[int],
+    insertions: Sequence[Sequence[int]],
+    pad_token_id: int,
+) -> PrefixedLayout:
+    """The critic layout of a right-padded batch `[B, S]`: insertions[i] (possibly empty) spliced into row i just
+    before its token at positions[i] (0 <= positions[i] <= the row's length).
+
+    Row i becomes ids[:p] + insertion + ids[p:length]; the row's own ids are copied, never re-tokenised.
+    W = max_i (len(insertion_i) + length_i), at least 1.
     """
     batch_size = input_ids.shape[0]
-    if len(prefixes) != batch_size:
-        raise ValueError(f"{len(prefixes)} prefixes for a batch of {batch_size} rows")
+    for name, count in (("insertions", len(insertions)), ("positions", len(positions))):
+        if count != batch_size:
+            raise ValueError(f"{count} {name} for a batch of {batch_size} rows")
+    device = input_ids.device
     policy_mask = attention_mask.bool()
     lengths = policy_mask.sum(dim=1)
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-    if not torch.equal(policy_mask, positions.unsqueeze(0) < lengths.unsqueeze(1)):
-        raise ValueError("prepend_prefixes needs right padding: every row's attention_mask must be 1s then 0s")
-    prefix_lengths = torch.tensor([len(prefix) for prefix in prefixes], dtype=torch.long, device=input_ids.device)
-    totals = prefix_lengths + lengths
+    columns_in = torch.arange(input_ids.shape[1], device=device)
+    if not torch.equal(policy_mask, columns_in.unsqueeze(0) < lengths.unsqueeze(1)):
+        raise ValueError("the critic layout needs right padding: every row's attention_mask must be 1s then 0s")
+    starts = torch.tensor(list(positions), dtype=torch.long, device=device)
+    bad = ((starts < 0) | (starts > lengths)).nonzero()
+    if bad.numel():
+        row = int(bad[0, 0])
+        raise ValueError(f"row {row}: insert position {positions[row]} is outside 0..{int(lengths[row])}")
+    inserted = torch.tensor([len(insertion) for insertion in insertions], dtype=torch.long, device=device)
+    totals = inserted + lengths
     width = max(int(totals.max().item()) if batch_size else 0, 1)
-    columns = torch.arange(width, device=input_ids.device).unsqueeze(0)
-    prefix_mask = columns < prefix_lengths.unsqueeze(1)
-    conversation_mask = ~prefix_mask & (columns < totals.unsqueeze(1))
-    ids = torch.full((batch_size, width), pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
-    flat_prefixes = [token for prefix in prefixes for token in prefix]
-    ids[prefix_mask] = torch.tensor(flat_prefixes, dtype=input_ids.dtype, device=input_ids.device)
+    columns = torch.arange(width, device=device).unsqueeze(0)
+    insert_mask = (columns >= starts.unsqueeze(1)) & (columns < (starts + inserted).unsqueeze(1))
+    conversation_mask = ~insert_mask & (columns < totals.unsqueeze(1))
+    ids = torch.full((batch_size, width), pad_token_id, dtype=input_ids.dtype, device=device)
+    flat_insertions = [token for insertion in insertions for token in insertion]
+    ids[insert_mask] = torch.tensor(flat_insertions, dtype=input_ids.dtype, device=device)
+    # Row-major boolean indexing keeps each row's tokens in order, so the k-th policy token lands on the k-th
+    # non-inserted position of its row: before the insertion for k < p, after it otherwise.
     ids[conversation_mask] = input_ids[policy_mask]
     return PrefixedLayout(
         input_ids=ids,
         attention_mask=(columns < totals.unsqueeze(1)).to(attention_mask.dtype),
         conversation_mask=conversation_mask,
         policy_mask=policy_mask,
-        prefix_lengths=prefix_lengths,
+        prefix_lengths=inserted,
+        insert_positions=starts,
     )

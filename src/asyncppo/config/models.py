@@ -1,6 +1,7 @@
 """Config sections for the trained models: the policy (`model`), the critic (`value`) and their optimizers."""
 
 import re
+import string
 from typing import Annotated, Literal, Self
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
@@ -100,12 +101,23 @@ class PrivilegedFieldConfig(Section):
         return self.title if self.title is not None else self.name
 
 
+PRIVILEGE_PLACEHOLDER = "answer"
+"""The field of value.privileged_critic.template that receives the reference block: `{answer}`."""
+
+
 class PrivilegedCriticConfig(Section):
     """Asymmetric actor-critic: the critic (never the policy) reads a reference block built from the row's task
-    fields, as a system message before the conversation."""
+    fields, inserted into its copy of the prompt where `placement` says."""
 
     enabled: bool = False
-    """Prepend the reference block to every critic sequence."""
+    """Insert the reference block into every critic sequence."""
+    placement: Literal["user_suffix", "user_prefix", "system"] = "user_suffix"
+    """Where the critic's copy of the prompt gets the note (template with the block): `user_suffix` at the end of
+    the prompt's last user message, `user_prefix` at its start (each separated from the user's text by a blank
+    line), `system` as a leading system message of its own (also where a prompt without a user message gets it)."""
+    template: str = "{answer}"
+    """Text of the note, a format string whose `{answer}` receives the reference block (`{{`/`}}` for literal
+    braces), e.g. `[Reference for the grader only]\n{answer}`."""
     fields: list[PrivilegedFieldConfig] = Field(default_factory=list[PrivilegedFieldConfig])
     """Task fields in priority order, each `{name, title, max_tokens}`: the token budget is spent in this order,
     and blocks list them in it."""
@@ -117,6 +129,16 @@ class PrivilegedCriticConfig(Section):
 
     @model_validator(mode="after")
     def _check_fields(self) -> Self:
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None]
+        except ValueError as error:
+            raise RuleError("template", f"{self.template!r} is not a format string ({error})") from None
+        if names != [PRIVILEGE_PLACEHOLDER]:
+            raise RuleError(
+                "template",
+                f"{self.template!r} must contain the placeholder {{{PRIVILEGE_PLACEHOLDER}}} exactly once and no "
+                f"other field (found {names}); write literal braces as {{{{ and }}}}",
+            )
         if self.enabled and not self.fields:
             raise RuleError("fields", "must list at least one task field when enabled is true")
         for key, values in (

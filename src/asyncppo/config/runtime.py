@@ -1,5 +1,6 @@
 """Config sections around the algorithm: data, generation, environment, cluster, checkpoints, logging."""
 
+import re
 from dataclasses import dataclass
 from typing import Literal, Self
 
@@ -157,6 +158,31 @@ class GymConfig(Section):
     """Bearer key (`Authorization: Bearer <key>`) that the policy server and the built-in head, agent and resources
     servers require on every route but `GET /health`; the trainer's gym client and the built-in agents send it.
     null = no key: any local process may call them (see docs/security.md)."""
+    thinking_tags: tuple[str, str] = ("<think>", "</think>")
+    """[start, end] of the model's reasoning blocks; the reward penalties cut each assistant turn at them."""
+    invalid_tool_call_patterns: list[str] = Field(default_factory=list[str])
+    """Regular expressions (Python `re.search`) over the text of each gym result's assistant messages (parsed tool
+    calls excluded): a match is tool-call markup the agent did not execute (`<tool_call>`), counted in
+    `gym/invalid_tool_calls` and zeroed by reward_penalties.penalize_invalid_tool_call."""
+    effort_levels: list[str] = Field(default_factory=lambda: ["low", "medium", "high"], min_length=1)
+    """Allowed values of reasoning_effort and of every row's `responses_create_params.reasoning.effort`."""
+    reasoning_effort: str | None = None
+    """Stamped as `responses_create_params.reasoning.effort` into rows without one; null = rows keep theirs."""
+
+    @model_validator(mode="after")
+    def _check_text_knobs(self) -> Self:
+        start, end = self.thinking_tags
+        if not start or not end or start == end:
+            raise RuleError("thinking_tags", f"{list(self.thinking_tags)} must be two different non-empty tags")
+        for index, pattern in enumerate(self.invalid_tool_call_patterns):
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise RuleError(f"invalid_tool_call_patterns.{index}", f"{pattern!r} is not a regex: {error}") from None
+        effort, levels = self.reasoning_effort, self.effort_levels
+        if effort is not None and effort not in levels:
+            raise RuleError("reasoning_effort", f"{effort!r} is not one of effort_levels {levels}")
+        return self
 
     @model_validator(mode="after")
     def _check_launch(self) -> Self:
@@ -205,7 +231,9 @@ class RewardPenaltiesConfig(Section):
     penalize_unwanted_tokens: bool = False
     """Zero the reward when the response contains any of token_ids_unwanted."""
     penalize_malformed_think_tag: bool = False
-    """Zero the reward when think tags are unbalanced or nested."""
+    """Zero the reward when think tags (env.gym.thinking_tags) are unbalanced or nested."""
+    penalize_invalid_tool_call: bool = False
+    """Zero the reward when an assistant message's text matches env.gym.invalid_tool_call_patterns."""
     token_ids_unwanted: list[int] = Field(default_factory=list[int])
     """Token ids penalised by penalize_unwanted_tokens."""
 
@@ -223,6 +251,7 @@ class RewardPenaltiesConfig(Section):
             or self.penalize_empty_final_answer
             or self.penalize_unwanted_tokens
             or self.penalize_malformed_think_tag
+            or self.penalize_invalid_tool_call
         )
 
 

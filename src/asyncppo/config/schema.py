@@ -65,6 +65,11 @@ class RunConfig(Section):
                 "reward_penalties",
                 "penalties apply to gym results only: set env.should_use_nemo_gym: true or switch them off",
             )
+        if self.reward_penalties.penalize_invalid_tool_call and not self.env.gym.invalid_tool_call_patterns:
+            raise RuleError(
+                "reward_penalties.penalize_invalid_tool_call",
+                "needs env.gym.invalid_tool_call_patterns (what unexecuted tool-call markup looks like)",
+            )
         if self.loss_fn.force_on_policy_ratio:
             step_batch = self.ppo.num_prompts_per_step * self.ppo.num_generations_per_prompt
             global_batch = self.model.train_global_batch_size

@@ -16,10 +16,12 @@ counting).
 
 import asyncio
 import copy
+import dataclasses
 import json
+import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -28,7 +30,7 @@ import yaml
 from asyncppo.config.runtime import SamplingProfile
 from asyncppo.gym.auth import bearer_headers
 from asyncppo.gym.error_bodies import unwrap_error_body
-from asyncppo.gym.results import StepLimit, quote, trajectory_from_result
+from asyncppo.gym.results import StepLimit, has_invalid_tool_call, quote, trajectory_from_result
 from asyncppo.types import Trajectory
 
 # Statuses (besides 5xx) after which the agent may well succeed on a rerun: infrastructure, not data.
@@ -91,10 +93,16 @@ class GymClient:
         max_output_tokens: int,
         api_key: str | None = None,
         default_agent: str | None = None,
+        invalid_tool_call_patterns: Sequence[str] = (),
+        reasoning_effort: str | None = None,
+        effort_levels: Sequence[str] | None = None,
     ) -> None:
         """`api_key` (env.gym.api_key) is sent as `Authorization: Bearer <key>` to the head and the agents.
         `default_agent`: the agent of rows without `agent_ref.name` (NeMo-Gym's collector takes one the same
-        way); None = the only agent, and an error naming the row when there are several."""
+        way); None = the only agent, and an error naming the row when there are several.
+        `invalid_tool_call_patterns` flag trajectories (`Trajectory.invalid_tool_call`, `has_invalid_tool_call`).
+        `reasoning_effort` is stamped as `reasoning.effort` into rows without one; `effort_levels` (None = any)
+        bounds it and every row's own value."""
         if (agent_urls is None) == (head_server_url is None):
             raise ValueError("GymClient: give exactly one of agent_urls and head_server_url")
         if max_concurrency < 1 or rollout_deadline_s <= 0 or max_retries < 0 or backoff_s < 0 or max_output_tokens < 1:
@@ -114,6 +122,15 @@ class GymClient:
         self._train_sampling = train_sampling
         self._validation_sampling = validation_sampling
         self._max_output_tokens = max_output_tokens
+        self._invalid_tool_call_patterns = [re.compile(pattern) for pattern in invalid_tool_call_patterns]
+        self._effort_levels = list(effort_levels) if effort_levels is not None else None
+        if (
+            reasoning_effort is not None
+            and self._effort_levels is not None
+            and reasoning_effort not in self._effort_levels
+        ):
+            raise ValueError(f"GymClient: reasoning_effort {reasoning_effort!r} is not one of {self._effort_levels}")
+        self._reasoning_effort = reasoning_effort
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._resolve_lock = asyncio.Lock()
         # No transport timeout: a rollout legitimately holds one request for minutes; the deadline bounds it.
@@ -237,7 +254,7 @@ class GymClient:
                 result_sink(sample_index, result)
         agent_name, _ = await self._agent_for(row)
         step_limit = self._step_limits.get(agent_name)
-        return [
+        trajectories = [
             trajectory_from_result(
                 result,
                 row=row,
@@ -247,6 +264,14 @@ class GymClient:
                 step_limit=step_limit,
             )
             for sample_index, result in enumerate(results)
+        ]
+        if not self._invalid_tool_call_patterns:
+            return trajectories
+        return [
+            dataclasses.replace(trajectory, invalid_tool_call=True)
+            if has_invalid_tool_call(result, self._invalid_tool_call_patterns)
+            else trajectory
+            for trajectory, result in zip(trajectories, results, strict=True)
         ]
 
     def _request_body(self, row: Mapping[str, Any], validation: bool) -> dict[str, Any]:
@@ -259,7 +284,23 @@ class GymClient:
         params["temperature"] = sampling.temperature
         params["top_p"] = sampling.top_p
         params["max_output_tokens"] = min(row_limit, self._max_output_tokens) if row_limit else self._max_output_tokens
+        self._stamp_effort(params, row)
         return body
+
+    def _stamp_effort(self, params: dict[str, Any], row: Mapping[str, Any]) -> None:
+        """`reasoning.effort` = the row's own, else reasoning_effort; either checked against effort_levels."""
+        reasoning = params.get("reasoning") or {}
+        if not isinstance(reasoning, dict):
+            raise ValueError(f"gym row: `responses_create_params.reasoning` must be an object; row: {quote(row)}")
+        effort = reasoning.get("effort", self._reasoning_effort)
+        if effort is None:
+            return
+        if self._effort_levels is not None and effort not in self._effort_levels:
+            raise ValueError(
+                f"gym row: responses_create_params.reasoning.effort {effort!r} is not one of env.gym.effort_levels "
+                f"{self._effort_levels}; row starts: {quote(row)}"
+            )
+        params["reasoning"] = {**reasoning, "effort": effort}
 
     async def _agent_for(self, row: Mapping[str, Any]) -> tuple[str, str]:
         urls = await self.agent_urls()

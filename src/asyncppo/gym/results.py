@@ -17,6 +17,7 @@ the group as failed and the batch source replaces it, instead of a NaN reaching 
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -280,3 +281,27 @@ def _reward_components(result: Mapping[str, Any], reward: float) -> dict[str, fl
     if parts and abs(total - reward) > REWARD_SUM_TOLERANCE * max(1.0, abs(reward)):
         raise ValueError(f"gym result: reward_components {parts} sum to {total} but reward is {reward}")
     return parts
+
+
+def assistant_texts(result: Mapping[str, Any]) -> list[str]:
+    """The text of every assistant `message` item of `response.output` (output_text parts joined; tool calls,
+    which are `function_call` items, are not text)."""
+    response = result.get("response")
+    output = response.get("output") if isinstance(response, Mapping) else None
+    texts: list[str] = []
+    for item in output if isinstance(output, list) else []:
+        if not isinstance(item, Mapping) or item.get("type") != "message" or item.get("role") != "assistant":
+            continue
+        content = item.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            parts = [part.get("text") for part in content if isinstance(part, Mapping)]
+            texts.append("".join(part for part in parts if isinstance(part, str)))
+    return texts
+
+
+def has_invalid_tool_call(result: Mapping[str, Any], patterns: Sequence[re.Pattern[str]]) -> bool:
+    """Whether any pattern occurs (`search`) in the text of an assistant message: tool-call markup left in the
+    text is a call the agent's parser did not turn into a `function_call`, so it was never executed."""
+    return any(pattern.search(text) for text in assistant_texts(result) for pattern in patterns)

@@ -38,7 +38,8 @@ class GymClientSettings:
     agent_urls: Mapping[str, str] | None
     head_server_url: str | None
     limits: GymConfig
-    """Read for max_concurrency, rollout_deadline_s, max_retries, backoff_s, api_key and default_agent."""
+    """Read for max_concurrency, rollout_deadline_s, max_retries, backoff_s, api_key, default_agent, the
+    invalid_tool_call_patterns, reasoning_effort and effort_levels (the client) and thinking_tags (the penalties)."""
     train_sampling: SamplingProfile
     validation_sampling: SamplingProfile
     max_output_tokens: int
@@ -64,6 +65,8 @@ class GymRolloutRunner:
         self._results_log = results_log.open("a", encoding="utf-8") if results_log is not None else None
         self._log_lock = threading.Lock()
         self._penalties = penalties
+        self._thinking_tags = settings.limits.thinking_tags
+        self._counts_invalid_tool_calls = bool(settings.limits.invalid_tool_call_patterns)
         self._decode = decode
         self._policy_version = policy_version
         self._counters: Counter[str] = Counter()
@@ -88,6 +91,9 @@ class GymRolloutRunner:
             max_output_tokens=settings.max_output_tokens,
             api_key=settings.limits.api_key,
             default_agent=settings.limits.default_agent,
+            invalid_tool_call_patterns=settings.limits.invalid_tool_call_patterns,
+            reasoning_effort=settings.limits.reasoning_effort,
+            effort_levels=settings.limits.effort_levels,
         )
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -144,9 +150,11 @@ class GymRolloutRunner:
         return write
 
     def _apply_penalties(self, group: list[Trajectory]) -> list[Trajectory]:
+        if self._counts_invalid_tool_calls:
+            self._count("invalid_tool_calls", sum(trajectory.invalid_tool_call for trajectory in group))
         if not self._penalties.any_enabled:
             return group
-        penalized, counts = apply_reward_penalties(group, self._penalties, self._decode)
+        penalized, counts = apply_reward_penalties(group, self._penalties, self._decode, self._thinking_tags)
         for name, count in counts.items():
             self._count(f"penalties/{name}", count)
         return penalized
@@ -158,7 +166,8 @@ class GymRolloutRunner:
     def metrics(self) -> dict[str, float]:
         """Cumulative counters since start: the client's `gym/*` (rollouts, retries, failures by kind, judge
         failures) plus `gym/failed_groups`, `gym/invalid_results` (failed groups whose agent answered with an
-        unusable result: non-finite reward or logprob, missing or mistyped field) and `gym/penalties/<name>`."""
+        unusable result: non-finite reward or logprob, missing or mistyped field), `gym/invalid_tool_calls` (rollouts
+        flagged by env.gym.invalid_tool_call_patterns, when it lists any) and `gym/penalties/<name>`."""
         with self._counter_lock:
             own = {f"gym/{name}": float(count) for name, count in self._counters.items()}
         return {**self._client.metrics(), **own}

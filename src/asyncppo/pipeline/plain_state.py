@@ -55,6 +55,7 @@ def trajectory_to_state(trajectory: Trajectory) -> dict[str, Any]:
         "mask_sample": trajectory.mask_sample,
         "reward_components": dict(trajectory.reward_components),
         "task": trajectory.task,
+        "invalid_tool_call": trajectory.invalid_tool_call,
     }
 
 
@@ -80,4 +81,6 @@ def trajectory_from_state(state: dict[str, Any]) -> Trajectory:
         mask_sample=bool(state["mask_sample"]),
         reward_components={str(key): float(value) for key, value in state["reward_components"].items()},
         task=dict(state["task"]),
+        # Absent from checkpoints written before the flag existed.
+        invalid_tool_call=bool(state.get("invalid_tool_call", False)),
     )

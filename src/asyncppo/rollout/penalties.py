@@ -24,8 +24,8 @@ _WORD = re.compile(r"\w+")
 # Chat-template control tokens left in the text by a decode that keeps special tokens: `<|im_end|>`,
 # `<|eot_id|>`, DeepSeek's full-width-bar form, and `</s>`. They are not part of an answer.
 _CONTROL_TOKEN = re.compile(r"<[|\uff5c][^<>|\uff5c\s]*[|\uff5c]>|</s>")
-THINK_START = "<think>"
-THINK_END = "</think>"
+DEFAULT_THINKING_TAGS = ("<think>", "</think>")
+"""env.gym.thinking_tags' default."""
 
 
 def enabled_penalties(settings: RewardPenaltiesConfig) -> list[str]:
@@ -35,6 +35,7 @@ def enabled_penalties(settings: RewardPenaltiesConfig) -> list[str]:
         "empty_final_answer": settings.penalize_empty_final_answer,
         "unwanted_tokens": settings.penalize_unwanted_tokens,
         "malformed_think_tag": settings.penalize_malformed_think_tag,
+        "invalid_tool_call": settings.penalize_invalid_tool_call,
     }
     return [name for name, on in switches.items() if on]
 
@@ -100,14 +101,18 @@ def has_repeated_words(texts: Sequence[str], min_words: int = MIN_REPEATED_WORDS
 
 
 def apply_reward_penalties(
-    trajectories: Sequence[Trajectory], settings: RewardPenaltiesConfig, decode: Callable[[Sequence[int]], str]
+    trajectories: Sequence[Trajectory],
+    settings: RewardPenaltiesConfig,
+    decode: Callable[[Sequence[int]], str],
+    thinking_tags: tuple[str, str] = DEFAULT_THINKING_TAGS,
 ) -> tuple[list[Trajectory], dict[str, int]]:
     """Returns new trajectories (dataclasses.replace; inputs untouched) whose reward is 0.0 when any enabled penalty
     applies, and counts {penalty name: number of trajectories it hit} for every enabled penalty (0 included).
 
     `decode` turns one assistant span's token ids into text; it must keep the think tags (with tokenizers that
     make them special tokens, decode with `skip_special_tokens=False`; control tokens such as `<|im_end|>` are
-    ignored here). Each enabled penalty, on the assistant spans (the policy's generations, one per model call):
+    ignored here). `thinking_tags` (env.gym.thinking_tags) are the [start, end] tags of a think block. Each
+    enabled penalty, on the assistant spans (the policy's generations, one per model call):
 
     - `unwanted_tokens`: a generated token (loss mask 1) is in `token_ids_unwanted`. No decoding.
     - `malformed_think_tag`: some turn is not well formed (`split_think`): nested tags, an end before a start,
@@ -120,6 +125,8 @@ def apply_reward_penalties(
     - `duplicated_reasoning`: the think text of all turns repeats `MIN_REPEATED_WORDS` consecutive words
       (`has_repeated_words`): a loop, a re-pasted paragraph, or a long think block copied into a later turn.
       Shorter repeats (a restated intermediate result, a one-line block recurring in every tool turn) pass.
+    - `invalid_tool_call`: the trajectory is flagged `invalid_tool_call` (the gym client matched
+      env.gym.invalid_tool_call_patterns against its assistant messages' text). No decoding.
 
     A hit sets `reward` to 0.0 (zeroed, not negated: a negative reward also becomes 0) and every entry of
     `reward_components` to 0.0 (names kept, so they still sum to the reward). A trajectory whose reward was
@@ -129,7 +136,7 @@ def apply_reward_penalties(
     counts = dict.fromkeys(enabled, 0)
     penalized: list[Trajectory] = []
     for trajectory in trajectories:
-        hits = _hits(trajectory, settings, decode) if enabled else []
+        hits = _hits(trajectory, settings, decode, thinking_tags) if enabled else []
         for name in hits:
             counts[name] += 1
         if hits:
@@ -139,9 +146,16 @@ def apply_reward_penalties(
     return penalized, counts
 
 
-def _hits(trajectory: Trajectory, settings: RewardPenaltiesConfig, decode: Callable[[Sequence[int]], str]) -> list[str]:
+def _hits(
+    trajectory: Trajectory,
+    settings: RewardPenaltiesConfig,
+    decode: Callable[[Sequence[int]], str],
+    thinking_tags: tuple[str, str],
+) -> list[str]:
     """Names of the enabled penalties that apply to `trajectory`."""
     hits: list[str] = []
+    if settings.penalize_invalid_tool_call and trajectory.invalid_tool_call:
+        hits.append("invalid_tool_call")
     if settings.penalize_unwanted_tokens:
         unwanted = frozenset(settings.token_ids_unwanted)
         generated = (token for token, mask in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if mask)
@@ -153,7 +167,8 @@ def _hits(trajectory: Trajectory, settings: RewardPenaltiesConfig, decode: Calla
     if not (malformed or empty_answer or duplicated):
         return hits
     texts = [decode(span) for span in _assistant_spans(trajectory)]
-    turns = [split_think(text, THINK_START, THINK_END) for text in texts]
+    think_start, think_end = thinking_tags
+    turns = [split_think(text, think_start, think_end) for text in texts]
     if malformed and not all(turn.well_formed for turn in turns):
         hits.append("malformed_think_tag")
     if empty_answer and (not turns or not turns[-1].answer):

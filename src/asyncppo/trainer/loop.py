@@ -2,7 +2,8 @@
 
     build_run -> restore -> [validate] -> for each step: batch = source.next_batch(step)
                                                          [privileged critic prefixes from the trajectories]
-                                                         ppo_step(batch) -> publish weights (version step+1)
+                                                         ppo_step(batch) + reward/<component> means
+                                                         -> publish weights (version step+1)
                                                          validate every val_period
                                                          [rollout dump] [train data records] -> log
                                                          print the books every log_every steps -> checkpoint
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from asyncppo.algorithms.mismatch import mismatch_plot_data
 from asyncppo.metrics.train_data import train_data_path, train_data_records, write_train_data
 from asyncppo.pipeline.time_tally import driver_idle_breakdown
+from asyncppo.rollout.reward_components import reward_component_metrics
 from asyncppo.trainer.ppo_step import StepOutput, ppo_step
 from asyncppo.trainer.run import Run
 from asyncppo.types import Trajectory, collate_trajectories
@@ -55,7 +57,7 @@ def train(run: Run, stop_requested: Callable[[], bool] = _never) -> int:
         prefixes = run.critic_prefixes(step_batch.trajectories)  # privileged critic: None when off
         output = ppo_step(run.step_settings, run.policy, run.value, batch, step, critic_prefixes=prefixes)
         policy_has_trained = policy_has_trained or output.policy_trained
-        metrics = {**step_batch.metrics, **output.metrics}
+        metrics = {**step_batch.metrics, **output.metrics, **reward_component_metrics(step_batch.trajectories)}
         bubble_started = time.perf_counter()
         # Async: rollouts drain (or only pause, with in-flight updates) for the push, then the window moves;
         # always, also when the policy did not train (critic warm-up).

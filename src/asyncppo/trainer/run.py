@@ -31,6 +31,7 @@ from asyncppo.generation.engines import prefix_reuse_metrics
 from asyncppo.metrics import MetricsLogger
 from asyncppo.models.tokenizer import decode_ids
 from asyncppo.pipeline.sources import BatchSource
+from asyncppo.rollout.reward_components import reward_component_metrics
 from asyncppo.trainer.ppo_step import StepSettings
 from asyncppo.trainer.privileged_critic import CriticPrefixes, PrivilegedCritic
 from asyncppo.trainer.run_inputs import (
@@ -153,6 +154,7 @@ class Run:
             "val/reward_mean": sum(rewards) / len(rewards),
             "val/response_length_mean": sum(lengths) / len(lengths),
             "val/turns_per_sample": sum(turns) / len(turns),
+            **reward_component_metrics(trajectories, namespace="val/"),
         }
 
     def restore(self) -> int:
