@@ -63,9 +63,18 @@ def test_a_self_reference_and_a_reference_to_its_own_section_are_cycles() -> Non
     assert "interpolation cycle" in _error({"a": {"b": "${a}"}})
 
 
-def test_a_resolver_is_refused_with_a_hint() -> None:
-    message = _error({"p": {"n": 2}, "t": "${mul:${p.n}, 4}"})
-    assert message.startswith("t: ") and "resolver" in message
+def test_nemo_rl_resolvers_are_evaluated() -> None:
+    tree = {"p": {"n": 2048, "mb": 4}, "t": "${mul:${p.n}, ${p.mb}}", "m": "${max:${p.mb}, 8}", "x": "${mul:2, 0.5}"}
+    resolved = resolve_interpolations(tree)
+    assert (resolved["t"], resolved["m"], resolved["x"]) == (8192, 8, 1.0)
+    assert isinstance(resolved["t"], int)
+
+
+def test_an_unknown_resolver_or_a_non_numeric_argument_is_an_error_naming_the_key() -> None:
+    message = _error({"p": {"n": 2}, "t": "${oc.env:HOME}"})
+    assert message.startswith("t: ") and "resolver 'oc.env'" in message
+    assert _error({"m": "x", "t": "${mul:${m}, 2}"}) == "t: ${mul:x, 2}: 'x' is not a number"
+    assert _error({"t": "${mul:[1, 2}"}) == "t: ${mul:[1, 2}: '[1' is not a number"
 
 
 def test_a_section_cannot_be_embedded_in_text() -> None:
@@ -82,3 +91,16 @@ def test_defaults_are_merged_relative_to_the_file_before_resolving(tmp_path: Pat
     tree = load_nemo_rl_tree(tmp_path / "child.yaml")
     assert tree["policy"] == {"model_name": "m", "max_total_sequence_length": 128}
     assert tree["value"] == {"n": 128}
+
+
+def test_references_that_expand_without_bound_are_an_error() -> None:
+    tree: dict[str, Any] = {"l0": list(range(10))}
+    for level in range(1, 12):
+        tree[f"l{level}"] = [f"${{l{level - 1}}}"] * 10
+    assert "expand the config past" in _error(tree)
+
+
+def test_a_chain_past_the_recursion_limit_is_an_error() -> None:
+    tree: dict[str, Any] = {f"k{i}": f"${{k{i + 1}}}" for i in range(5000)}
+    tree["k5000"] = 1
+    assert _error(tree) == "interpolation: references chain too deeply (past Python's recursion limit)"

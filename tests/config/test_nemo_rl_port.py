@@ -206,6 +206,11 @@ def test_a_shorter_max_new_tokens_is_kept() -> None:
             "multi-node",
         ),
         (lambda s: s["value"]["tokenizer"].update(name="other"), "value.tokenizer.name", "policy's tokenizer"),
+        (
+            lambda s: s["policy"]["scheduler"][0]["kwargs"].update(start_factor="tenth"),
+            "policy.scheduler",
+            "scheduler kwargs must be numbers",
+        ),
     ],
 )
 def test_what_asyncppo_cannot_express_is_refused_naming_the_key(edit: Any, key: str, reason: str) -> None:

@@ -3,23 +3,33 @@
 A string that is one interpolation (`${policy.model_name}`) takes the referenced value with its type (an int
 stays an int, a section stays a section); interpolations inside a longer string are replaced by the value's
 text (`logs/${policy.model_name}/run`). References are absolute dotted paths from the root, list items by index
-(`a.b.0`), and may chain. `\\${` is a literal `${`. A missing target, a reference cycle and OmegaConf resolvers
-(`${mul:...}`: NeMo-RL registers its own, which a plain reader cannot know) are ConfigErrors naming the key.
+(`a.b.0`), and may chain. `\\${` is a literal `${`. NeMo-RL's own resolvers `${mul:a, b}` and `${max:a, b}`
+(numbers or references) are evaluated. A missing target, a reference cycle and any other resolver are
+ConfigErrors naming the key.
 """
 
+import math
 import re
+from collections.abc import Callable
 from typing import Any, cast
 
-from asyncppo.config.loading import ConfigError
+import yaml
+
+from asyncppo.config.loading import MAX_VALUES, ConfigError
 
 _REFERENCE = re.compile(r"(?<!\\)\$\{([^{}]*)\}")
 _ESCAPED = "\\${"
+# The resolvers NeMo-RL registers with OmegaConf for its configs (products and maxima of sizes).
+RESOLVERS: dict[str, Callable[[list[float]], float]] = {"mul": math.prod, "max": max}
 
 
 def resolve_interpolations(tree: dict[str, Any]) -> dict[str, Any]:
     """A copy of `tree` with every `${...}` replaced by the value it names."""
     resolver = _Resolver(tree)
-    return cast(dict[str, Any], resolver.resolve_node(tree, "", ()))
+    try:
+        return cast(dict[str, Any], resolver.resolve_node(tree, "", ()))
+    except RecursionError:
+        raise ConfigError(["interpolation: references chain too deeply (past Python's recursion limit)"]) from None
 
 
 class _Resolver:
@@ -27,8 +37,13 @@ class _Resolver:
 
     def __init__(self, root: dict[str, Any]):
         self.root = root
+        self.visited = 0
 
     def resolve_node(self, node: Any, key: str, stack: tuple[str, ...]) -> Any:
+        # References to sections copy them: a few lines can expand to billions of values, as YAML aliases can.
+        self.visited += 1
+        if self.visited > MAX_VALUES:
+            raise ConfigError([f"{key}: references expand the config past {MAX_VALUES} values; expected a config"])
         if isinstance(node, dict):
             items = cast(dict[str, Any], node).items()
             return {name: self.resolve_node(child, _join(key, str(name)), stack) for name, child in items}
@@ -59,10 +74,7 @@ class _Resolver:
     def _lookup(self, target: str, key: str, stack: tuple[str, ...]) -> Any:
         target = target.strip()
         if ":" in target:
-            resolver = target.partition(":")[0]
-            raise ConfigError(
-                [f"{key}: ${{{target}}} uses the resolver {resolver!r}, which the port does not know; write the value"]
-            )
+            return _apply_resolver(target, key)
         if not target or target.startswith("."):
             raise ConfigError(
                 [f"{key}: ${{{target}}} is not an absolute dotted key; expected e.g. ${{policy.model_name}}"]
@@ -80,6 +92,31 @@ class _Resolver:
             else:
                 raise ConfigError([f"{key}: ${{{target}}} names a key the config does not have"])
         return self.resolve_node(node, target, (*stack, key))
+
+
+def _apply_resolver(call: str, key: str) -> Any:
+    """`mul:2, 4` -> 8: a known resolver applied to its numeric arguments (inner references already resolved)."""
+    name, _, arguments = call.partition(":")
+    resolver = RESOLVERS.get(name.strip())
+    if resolver is None:
+        raise ConfigError(
+            [
+                f"{key}: ${{{call}}} uses the resolver {name.strip()!r}; the port knows {sorted(RESOLVERS)}: "
+                "write the value"
+            ]
+        )
+    values = [_number(part, call, key) for part in arguments.split(",")]
+    return resolver(values)
+
+
+def _number(text: str, call: str, key: str) -> float:
+    try:
+        value: Any = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = None  # not a YAML scalar, so not a number: reported below
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError([f"{key}: ${{{call}}}: {text.strip()!r} is not a number"])
+    return value
 
 
 def _join(parent: str, child: str) -> str:

@@ -45,6 +45,8 @@ def scheduler_outcome(key: str, value: Any, source: Source, target_section: str)
         schedule, note = convert_torch_schedule(value, lr)
     except SchedulerRefused as error:
         return Outcome("refused", str(error))
+    except (TypeError, ValueError) as error:  # int("x"), "x" < 1.0: a kwarg that is not a number
+        return Outcome("refused", f"{value!r}: scheduler kwargs must be numbers ({error})")
     return mapped(f"{target_section}.scheduler", schedule, note)
 
 
@@ -154,8 +156,8 @@ def megatron_optimizer(key: str, value: Any, source: Source, target_section: str
         return Outcome("refused", f"{value!r}: asyncppo trains with AdamW only (megatron optimizer: adam)")
     if name == "min_lr":
         lr = source.get(f"{config}.optimizer.lr")
-        if not isinstance(lr, int | float) or lr <= 0:
-            return Outcome("refused", f"{value!r}: min_lr needs megatron_cfg.optimizer.lr to become a ratio")
+        if not isinstance(lr, int | float) or lr <= 0 or not isinstance(value, int | float):
+            return Outcome("refused", f"{value!r}: min_lr and megatron_cfg.optimizer.lr must be numbers (a ratio)")
         return mapped(f"{target_section}.scheduler.min_lr_ratio", value / lr, "min_lr / lr")
     return Outcome("backend", f"Megatron optimizer internals; asyncppo's AdamW is set by {target}")
 
@@ -171,7 +173,7 @@ def megatron_scheduler(key: str, value: Any, source: Source, target_section: str
     if not source.enabled(config):
         return Outcome("backend", "megatron_cfg.enabled is false: the DTensor scheduler list is used")
     if name == "lr_decay_style":
-        if value not in MEGATRON_DECAY_STYLES:
+        if not isinstance(value, str) or value not in MEGATRON_DECAY_STYLES:
             return Outcome("refused", f"{value!r}: asyncppo decays constant, linear or cosine")
         return mapped(f"{target}.name", MEGATRON_DECAY_STYLES[value])
     if name == "lr_warmup_iters":

@@ -68,6 +68,8 @@ def _resources_gpus(_key: str, value: Any, source: Source) -> Outcome:
     if source.enabled("policy.generation.colocated") or value is None:
         return Outcome("neutral", "colocated: generation shares the training workers' devices")
     nodes = source.get("policy.generation.colocated.resources.num_nodes") or 1
+    if not isinstance(value, int) or not isinstance(nodes, int):
+        return Outcome("refused", f"{value!r}: expected a number of GPUs per node")
     return mapped("generation.num_workers", value * nodes, "one generator worker per GPU")
 
 
@@ -76,7 +78,7 @@ def _top_k(_key: str, value: Any, _source: Source) -> Outcome:
 
 
 def _metric_name(_key: str, value: Any, _source: Source) -> Outcome:
-    if value in _METRIC_NAMES:
+    if isinstance(value, str) and value in _METRIC_NAMES:
         return mapped("checkpointing.metric_name", _METRIC_NAMES[value], f"NeMo-RL's {value}")
     return mapped("checkpointing.metric_name", value)
 
