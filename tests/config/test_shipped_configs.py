@@ -1,14 +1,18 @@
 """Every YAML file in the repository is validated against its schema, so no shipped config can rot."""
 
+import io
 from pathlib import Path
 
 import pytest
 
 from asyncppo.config import load_config
+from asyncppo.config.nemo_rl.port import load_run_config
 
 REPO = Path(__file__).parents[2]
 SKIPPED_DIRS = {".venv", ".git", "runs", "build", "dist", "node_modules", ".cache", ".whl"}
 RUN_CONFIG_DIRS = (REPO / "examples" / "configs", REPO / "examples" / "rewards")
+NEMO_RL_CONFIG_DIRS = (REPO / "tests" / "data" / "nemo_rl",)
+"""NeMo-RL PPO configs: valid when they port (every key accepted) and the ported config validates."""
 
 
 def _repo_yaml_files() -> list[Path]:
@@ -28,5 +32,8 @@ def test_the_repository_ships_configs():
 def test_shipped_yaml_is_valid(path: Path):
     # Each YAML file must belong to a folder whose schema is known here; a new kind of YAML file
     # needs its validator added, rather than escaping validation.
+    if any(path.is_relative_to(folder) for folder in NEMO_RL_CONFIG_DIRS):
+        load_run_config(path, table=io.StringIO())
+        return
     assert any(path.is_relative_to(folder) for folder in RUN_CONFIG_DIRS), f"no schema known for {path}"
     load_config(path)

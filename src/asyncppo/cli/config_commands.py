@@ -1,4 +1,4 @@
-"""`asyncppo config show` and `asyncppo config keys`."""
+"""`asyncppo config show` and `asyncppo config keys` (`config port` is in cli/config_port.py)."""
 
 import argparse
 
@@ -18,6 +18,10 @@ def _describe_default(info: FieldInfo) -> str:
 
 def run_config_command(args: argparse.Namespace) -> int:
     """Print the resolved config, or the documented list of keys."""
+    if args.config_command == "port":
+        from asyncppo.cli.config_port import run_config_port_command
+
+        return run_config_port_command(args)
     if args.config_command == "show":
         print(dump_config(load_config(args.config, args.overrides)), end="")
         return 0

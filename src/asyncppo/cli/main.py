@@ -2,7 +2,8 @@
 
     asyncppo config show CONFIG [key=value ...]   print the resolved config
     asyncppo config keys [PREFIX]                 list every config key with its meaning
-    asyncppo train CONFIG [key=value ...]         train (see cli/train.py)
+    asyncppo config port NEMO_RL.yaml [-o OUT]    port a NeMo-RL PPO config (see cli/config_port.py)
+    asyncppo train CONFIG [key=value ...]         train (see cli/train.py); a NeMo-RL config is ported first
     asyncppo gym serve CONFIG [key=value ...]     serve the policy and the built-in gym (see cli/gym_serve.py)
     asyncppo bench generate CONFIG [key=value ...]  time generation alone (see cli/bench_generate.py)
     asyncppo report RUN_DIR [RUN_DIR_B] [-o PATH]   write the run's HTML report; two runs are overlaid
@@ -60,9 +61,15 @@ def _build_parser() -> argparse.ArgumentParser:
     show.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.ppo_epochs=2")
     keys = config_commands.add_parser("keys", help="list every config key with its type, default and meaning")
     keys.add_argument("prefix", nargs="?", default="", help="only keys under this dotted prefix, e.g. ppo.async_ppo")
+    port = config_commands.add_parser(
+        "port", help="port a NeMo-RL PPO config: a table of every key, and the asyncppo config (exit 2 if refused)"
+    )
+    from asyncppo.cli.config_port import add_arguments as add_port_arguments
+
+    add_port_arguments(port)
 
     train = commands.add_parser("train", help="train a policy with PPO")
-    train.add_argument("config", help="YAML run config")
+    train.add_argument("config", help="YAML run config (asyncppo's, or a NeMo-RL PPO config, ported first)")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.ppo_epochs=2")
     train.add_argument("--run-dir", default=None, help="run directory (default: logger.log_dir)")
 
