@@ -1,4 +1,4 @@
-"""Config sections around the algorithm: data, generation, environment, cluster, checkpoints, logging."""
+"""Config sections around the algorithm: data, generation, environment, cluster, checkpoints (logging: logger.py)."""
 
 import re
 from dataclasses import dataclass
@@ -355,51 +355,3 @@ class CheckpointingConfig(Section):
             return None
         days, hours, minutes, seconds = (int(part) for part in self.checkpoint_must_save_by.split(":"))
         return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-
-
-class WandbConfig(Section):
-    """Weights & Biases sink (the `wandb` extra)."""
-
-    project: str = "asyncppo"
-    """W&B project."""
-    name: str | None = None
-    """Run name; null = the run directory name."""
-    entity: str | None = None
-    """W&B entity (team or user)."""
-
-
-class MlflowConfig(Section):
-    """MLflow sink (the `mlflow` extra)."""
-
-    experiment_name: str = "asyncppo"
-    """MLflow experiment."""
-    tracking_uri: str | None = None
-    """Tracking server; null = a local `mlruns/` in the run directory."""
-
-
-class LoggerConfig(Section):
-    """Metric sinks; metrics.jsonl in the run directory is always written."""
-
-    log_dir: str = "runs/default"
-    """Run directory (config, metrics, checkpoints, plots); `asyncppo train --run-dir` overrides it."""
-    console: bool = True
-    """Show the progress bar and per-step summary."""
-    verbose: bool = False
-    """Also show the third-party output that is off by default: Hugging Face progress bars (loading and saving
-    weights) and Ray's token-authentication notice."""
-    tensorboard_enabled: bool = True
-    """Write TensorBoard events to the run directory."""
-    wandb_enabled: bool = False
-    """Log to Weights & Biases."""
-    mlflow_enabled: bool = False
-    """Log to MLflow."""
-    wandb: WandbConfig = WandbConfig()
-    """W&B settings."""
-    mlflow: MlflowConfig = MlflowConfig()
-    """MLflow settings."""
-    mismatch_plot_threshold: float = Field(default=1.05, gt=1)
-    """Plot the worst sequence's logprobs when token_mult_prob_error exceeds this."""
-    train_data_period: NonNegativeInt = 1
-    """Write `train_data/train_data_step{N}.jsonl` (one line per trained sample: prompt and response texts, token
-    counts, reward and its components, mean advantage, group id, policy version) every N steps; 0 = never. Off
-    while env.should_log_nemo_gym_responses logs the raw gym results instead, as in NeMo-RL."""

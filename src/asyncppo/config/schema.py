@@ -9,6 +9,7 @@ from typing import Any, Self
 from pydantic import ModelWrapValidatorHandler, ValidationInfo, model_validator
 
 from asyncppo.config.base import RuleError, Section, add_note
+from asyncppo.config.logger import LoggerConfig
 from asyncppo.config.losses import PolicyLossConfig, ValueLossConfig
 from asyncppo.config.models import PolicyModelConfig, TrainedModelConfig, ValueModelConfig
 from asyncppo.config.ppo import PPOConfig
@@ -18,7 +19,6 @@ from asyncppo.config.runtime import (
     DataConfig,
     EnvConfig,
     GenerationConfig,
-    LoggerConfig,
     RewardPenaltiesConfig,
 )
 
