@@ -10,7 +10,7 @@ The work lives in `trainer/critic_collection.py` and `trainer/critic_pretraining
 import argparse
 from pathlib import Path
 
-from asyncppo.config import load_config
+from asyncppo.config import ConfigError, load_config
 
 
 def add_critic_arguments(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -39,7 +39,7 @@ def run_critic_command(args: argparse.Namespace) -> int:
         from asyncppo.trainer.critic_collection import collect_shards
 
         if args.shards is not None and args.shards < 1:
-            raise SystemExit(f"error: --shards must be >= 1, got {args.shards}")
+            raise ConfigError([f"--shards: {args.shards} is not a shard count; expected an integer >= 1"])
         paths = collect_shards(config, run_dir, num_shards=args.shards, config_dir=Path(args.config).resolve().parent)
         print(f"{len(paths)} shards in {run_dir}", flush=True)
         return 0

@@ -23,7 +23,8 @@ class CriticPretrainConfig(Section):
     batch_size: PositiveInt = 64
     """Rollouts per optimizer step, drawn at random from the training split."""
     held_out_fraction: float = Field(default=0.2, ge=0, lt=1)
-    """Fraction of prompt groups (never single rollouts) kept out of training and evaluated on."""
+    """Fraction of the prompts kept out of training and evaluated on, each with all its rollouts (never single
+    rollouts; a prompt drawn again in a later epoch stays on its side)."""
     eval_period: PositiveInt = 50
     """Optimizer steps between evaluations on the held-out split (and one after the last step)."""
     success_reward_threshold: float = 0.0
