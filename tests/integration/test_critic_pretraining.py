@@ -29,10 +29,13 @@ from asyncppo.trainer.critic_pretraining import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).parents[2]
+# 2 x 256 prompts of the 336 (held out: a fifth of the prompts). Fewer rollouts, or PPO's critic rate (1e-3),
+# left the held-out terminal AUC at chance here while the explained variance still rose; 500 steps at 1e-4 reach
+# AUC ~0.58 (1000 steps: ~0.65).
 OVERRIDES = [
-    "critic_pretrain.prompts_per_shard=128",
-    "critic_pretrain.steps=300",
-    "critic_pretrain.eval_period=150",
+    "critic_pretrain.prompts_per_shard=256",
+    "critic_pretrain.steps=500",
+    "critic_pretrain.eval_period=250",
     "critic_pretrain.lr=1.0e-4",
 ]
 
@@ -54,7 +57,7 @@ def test_collect_pretrain_and_warm_start_the_demo_critic(
     checkpoint, last = pretrain_critic(config, run_dir)
     records = [json.loads(line) for line in (run_dir / CRITIC_PRETRAIN_DIR / METRICS_FILE).read_text().splitlines()]
     evaluations = [record for record in records if f"{PREFIX}held_out_terminal_auc" in record]
-    assert [record["step"] for record in evaluations] == [0, 150, 300]
+    assert [record["step"] for record in evaluations] == [0, 250, 500]
     auc = last[f"{PREFIX}held_out_terminal_auc"]
     assert math.isfinite(auc) and auc > 0.5, evaluations
     cold_ev = evaluations[0][f"{PREFIX}held_out_explained_var"]
