@@ -30,6 +30,7 @@ from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.rollout.shards import read_shards
 from asyncppo.trainer import builders
 from asyncppo.trainer.critic_collection import CRITIC_DATA_DIR
+from asyncppo.trainer.ppo_step import turn_spans_of
 from asyncppo.types import TrainBatch, Trajectory, collate_trajectories
 from asyncppo.workers.value_worker import ValueWorker
 
@@ -62,31 +63,43 @@ def _rollouts(config: RunConfig, trajectories: list[Trajectory]) -> Rollouts:
 def target_batch(
     config: RunConfig, rollouts: Rollouts, indices: Sequence[int], pad_token_id: int
 ) -> tuple[TrainBatch, torch.Tensor, torch.Tensor]:
-    """(the rollouts at `indices` collated with their targets as `returns`, returns_to_abs, returns_to_res)."""
+    """(the rollouts at `indices` collated with their targets as `returns`, returns_to_abs, returns_to_res).
+
+    turn_gae: targets and `critic_mask` only at each turn's first token (the anchors), as the PPO step has them."""
     batch = collate_trajectories([rollouts.trajectories[i] for i in indices], pad_token_id)
     index = torch.tensor(list(indices), dtype=torch.long)
     targets, to_abs, to_res = offline_critic_targets(
         config.ppo.adv_estimator, batch.rewards, batch.token_mask, rollouts.baseline[index]
     )
-    batch = batch.with_fields(returns=targets, critic_sample_mask=rollouts.critic_sample_mask[index])
+    critic_mask = None
+    if config.ppo.adv_estimator.name == "turn_gae":
+        # As in the PPO step: the turn-level critic is supervised (and scored) at each turn's first token only.
+        critic_mask = turn_spans_of(batch).anchor_mask.to(batch.token_mask.dtype)
+        targets = targets * critic_mask
+    batch = batch.with_fields(
+        returns=targets, critic_mask=critic_mask, critic_sample_mask=rollouts.critic_sample_mask[index]
+    )
     return batch, to_abs, to_res
 
 
 def evaluate(
     config: RunConfig, worker: ValueWorker, batch: TrainBatch, offsets: tuple[torch.Tensor, torch.Tensor]
 ) -> dict[str, float]:
-    """Held-out value loss (masked MSE), explained variance (abs and residual space, as the PPO step pools it) and
-    terminal AUC (value at the last response token vs reward > critic_pretrain.success_reward_threshold)."""
+    """Held-out value loss (masked MSE over the critic mask), explained variance (abs and residual space, pooled as
+    the PPO step pools its pre-update critic/explained_var) and terminal AUC (the value at the last supervised
+    token, i.e. the last response token, or the last turn's first token under turn_gae, against reward >
+    critic_pretrain.success_reward_threshold)."""
     assert batch.returns is not None
     values = worker.values(batch)
-    mask = batch.token_mask * batch.sample_mask[:, None]
+    supervised = batch.critic_mask if batch.critic_mask is not None else batch.token_mask
+    mask = supervised * batch.sample_mask[:, None]
     ev_abs, ev_res = pooled_explained_variance(values, batch.returns, mask, *offsets)
     successes = batch.rewards > config.critic_pretrain.success_reward_threshold
     return {
         f"{PREFIX}held_out_loss": float(masked_mean((values - batch.returns).square(), mask)),
         f"{PREFIX}held_out_explained_var": ev_abs,
         f"{PREFIX}held_out_explained_var_res": ev_res,
-        f"{PREFIX}held_out_terminal_auc": terminal_auc(terminal_values(values, batch.token_mask), successes),
+        f"{PREFIX}held_out_terminal_auc": terminal_auc(terminal_values(values, supervised), successes),
         f"{PREFIX}held_out_success_rate": float(successes.float().mean()),
     }
 
