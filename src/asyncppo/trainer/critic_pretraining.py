@@ -156,6 +156,14 @@ def pretrain_critic(config: RunConfig, run_dir: Path) -> tuple[Path, dict[str, f
     """Train the value model on `run_dir`'s shards; returns (its checkpoint directory, the last evaluation)."""
     if config.value is None:
         raise ConfigError(["value: offline critic pretraining needs a value section (the critic to train)"])
+    if config.value.privileged_critic.enabled:
+        # A critic pretrained without the reference block would be warm-started into runs that prepend it.
+        raise ConfigError(
+            [
+                "value.privileged_critic.enabled: true is not supported by offline critic pretraining yet "
+                "(it trains on the policy's sequences without the reference block); set it to false"
+            ]
+        )
     pretrain = config.critic_pretrain
     rollouts, train, held_out = split_rollouts(config, run_dir)
     worker, pad = pretraining_value_worker(config)
