@@ -7,6 +7,7 @@
     asyncppo gym serve CONFIG [key=value ...]     serve the policy and the built-in gym (see cli/gym_serve.py)
     asyncppo bench generate CONFIG [key=value ...]  time generation alone (see cli/bench_generate.py)
     asyncppo report RUN_DIR [RUN_DIR_B] [-o PATH]   write the run's HTML report; two runs are overlaid
+    asyncppo critic collect|pretrain CONFIG [key=value ...]  offline critic pretraining (see cli/critic.py)
 
 User mistakes (config errors) print one line each and exit with status 2, never a traceback.
 """
@@ -106,6 +107,9 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="HTML file to write (default: RUN_DIR/report.html; with two runs RUN_DIR/report_vs_<B>.html)",
     )
+    from asyncppo.cli.critic import add_critic_arguments
+
+    add_critic_arguments(commands)
     return parser
 
 
@@ -147,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from asyncppo.cli.report import run_report_command
 
             return run_report_command(args)
+        if args.command == "critic":
+            from asyncppo.cli.critic import run_critic_command
+
+            return run_critic_command(args)
     except ConfigError as error:
         for line in error.lines:
             print(f"error: {_printable(line)}", file=sys.stderr)

@@ -9,6 +9,7 @@ from typing import Any, Self
 from pydantic import ModelWrapValidatorHandler, ValidationInfo, model_validator
 
 from asyncppo.config.base import RuleError, Section, add_note
+from asyncppo.config.critic_pretrain import CriticPretrainConfig
 from asyncppo.config.logger import LoggerConfig
 from asyncppo.config.losses import PolicyLossConfig, ValueLossConfig
 from asyncppo.config.models import PolicyModelConfig, TrainedModelConfig, ValueModelConfig
@@ -51,6 +52,8 @@ class RunConfig(Section):
     """Checkpoints and resume."""
     logger: LoggerConfig = LoggerConfig()
     """Metric sinks and the run directory."""
+    critic_pretrain: CriticPretrainConfig = CriticPretrainConfig()
+    """Offline critic pretraining (`asyncppo critic collect` / `critic pretrain`); PPO ignores it."""
 
     @model_validator(mode="after")
     def _check_cross_section_rules(self) -> Self:

@@ -207,16 +207,21 @@ def policy_factory(
     return functools.partial(PolicyWorker, str(paths.policy), device, settings, colocated)
 
 
-def value_factory(config: RunConfig, paths: ModelPaths, device: str) -> Callable[[], ValueWorker]:
-    """A picklable zero-argument factory of the ValueWorker."""
+def value_worker_settings(config: RunConfig, paths: ModelPaths) -> ValueWorkerSettings:
+    """The ValueWorker's settings from the `value` and `value_loss_fn` sections (the schedule spans the PPO run)."""
     section = config.value
-    assert section is not None and paths.value is not None
+    assert section is not None
     # Privileged critic sequences are longer by up to the block's reserve; the budget grows with them.
     trained = _trained_model_settings(
         config, section, paths, config.ppo.resolved_critic_ppo_epochs, section.critic_max_tokens_per_microbatch
     )
-    settings = ValueWorkerSettings(**vars(trained), loss_settings=config.value_loss_fn)
-    return functools.partial(ValueWorker, str(paths.value), device, settings)
+    return ValueWorkerSettings(**vars(trained), loss_settings=config.value_loss_fn)
+
+
+def value_factory(config: RunConfig, paths: ModelPaths, device: str) -> Callable[[], ValueWorker]:
+    """A picklable zero-argument factory of the ValueWorker."""
+    assert paths.value is not None
+    return functools.partial(ValueWorker, str(paths.value), device, value_worker_settings(config, paths))
 
 
 def generator_factory(

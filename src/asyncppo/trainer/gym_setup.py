@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
@@ -21,11 +21,16 @@ from asyncppo.gym.servers.resources import RESOURCES_APPS
 from asyncppo.models.tokenizer import decode_ids
 from asyncppo.pipeline.sources import GroupRolloutFn
 from asyncppo.types import Trajectory
-from asyncppo.workers.groups import GeneratorGroup
 from asyncppo.workers.policy_http import PolicyServerSettings
 
 log = logging.getLogger(__name__)
 Row = dict[str, Any]
+
+
+class ServedGenerators(Protocol):
+    """The generation side the gym talks to: the run's GeneratorGroup, or an in-process engine (critic collect)."""
+
+    def serve_http(self, settings: PolicyServerSettings) -> list[str]: ...
 
 
 def policy_server_settings(config: RunConfig, tokenizer_path: str) -> PolicyServerSettings:
@@ -85,7 +90,7 @@ class GymRollouts:
 
 def start_gym_rollouts(
     config: RunConfig,
-    generator: GeneratorGroup,
+    generator: ServedGenerators,
     tokenizer: PreTrainedTokenizerBase,
     tokenizer_path: str,
     policy_version: Callable[[], int],

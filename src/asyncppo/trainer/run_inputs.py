@@ -15,7 +15,7 @@ from typing import Any
 from asyncppo.config import ConfigError, RunConfig
 from asyncppo.data.prompt_stream import PromptStream
 from asyncppo.data.rows import MissingPromptFieldError, load_gym_rows, load_rows, split_rows
-from asyncppo.generation.protocol import SamplingParams
+from asyncppo.generation.protocol import SamplingParams, SupportsGenerate
 from asyncppo.pipeline.async_source import build_async_source
 from asyncppo.pipeline.dynamic_sampling import DynamicSampling
 from asyncppo.pipeline.failures import StepFailureBudget
@@ -44,7 +44,7 @@ class RolloutFunctions:
 
 
 def single_turn_rollouts(
-    config: RunConfig, generator: GeneratorGroup, tokenizer: Any, eos: tuple[int, ...], reward_fn: RewardFunction
+    config: RunConfig, generator: SupportsGenerate, tokenizer: Any, eos: tuple[int, ...], reward_fn: RewardFunction
 ) -> RolloutFunctions:
     """Reward-function rollouts: one generation per sample from the row's prompt, scored by `reward_fn` (the
     function env.reward_function names, loaded and checked by the pre-flight)."""
