@@ -127,9 +127,10 @@ class ModelPaths:
     @classmethod
     def resolve(cls, config: RunConfig) -> "ModelPaths":
         """model.model_name, model.tokenizer (null = the policy's directory) and value.model_name (null = the
-        policy's model; None without a critic)."""
+        policy's model; None without a critic). A name that is neither a built name nor a local directory is a
+        ConfigError naming its key, before anything loads."""
         policy = resolve_model_path(config.model.model_name)
-        tokenizer = Path(config.model.tokenizer) if config.model.tokenizer else policy
+        tokenizer = resolve_model_path(config.model.tokenizer, "model.tokenizer") if config.model.tokenizer else policy
         value = None
         if config.value is not None:
             value_name = config.value.model_name
