@@ -2,12 +2,15 @@
 
     build_run(config, run_dir) -> Run: policy / value / generation groups, WeightSync (non-colocated),
                                        BatchSource, validation rows, MetricsLogger, CheckpointManager
-`preflight` (trainer/preflight.py) checks sinks, reward function and data, and `check_supported` refuses what this
-build cannot place, both before any process starts.
+`preflight` (trainer/preflight.py) checks sinks, reward function and data, `check_supported` refuses what this
+build cannot place, and `check_device_fit` (trainer/placement.py) a GPU demand above the cluster's, all before
+any process starts.
 """
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from asyncppo.checkpoint import (
     CheckpointManager,
@@ -19,6 +22,7 @@ from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBo
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.trainer import builders
+from asyncppo.trainer.placement import check_device_fit
 from asyncppo.trainer.preflight import preflight
 from asyncppo.trainer.privileged_critic import PrivilegedCritic
 from asyncppo.trainer.resume import check_resume, record_config
@@ -72,6 +76,7 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = builders.ModelPaths.resolve(config)
     device = builders.resolve_device(config)
+    check_device_fit(config, device, torch.cuda.device_count() if device == "cuda" else 0)  # Ray would wait forever
     tokenizer = load_tokenizer(paths.tokenizer)
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
     engine = builders.engine_settings(config, eos, pad)
