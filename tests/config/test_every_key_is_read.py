@@ -55,8 +55,6 @@ REJECTED_UNLESS_DEFAULT: dict[str, Any] = {
     # GRPO-only advantage overwrites; they would break PPO's A = G - V.
     "ppo.invalid_tool_call_advantage": -1.0,
     "ppo.malformed_thinking_advantage": -1.0,
-    # Multi-node placement is not supported yet; 1 is.
-    "cluster.num_nodes": 2,
 }
 
 
