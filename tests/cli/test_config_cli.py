@@ -2,35 +2,18 @@
 (a process start costs ~8 s); the tests of what only a real process shows (no traceback, an encodable stderr) run
 `python -m asyncppo` in a subprocess."""
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from in_process import run_asyncppo as _asyncppo
 
 from asyncppo.cli.main import main
 
 REPO = Path(__file__).parents[2]
 DEMO = "examples/configs/demo.yaml"
-
-
-@dataclass(frozen=True)
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def _asyncppo(*args: str) -> Result:
-    """`asyncppo ARGS` in this process, from the repository root."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(list(args))
-    return Result(status, out.getvalue(), err.getvalue())
 
 
 def _asyncppo_process(*args: str) -> subprocess.CompletedProcess[str]:

@@ -2,32 +2,14 @@
 accepts), the config on stdout when no -o is given, and exit 2 with `error:` lines for refused keys or a port that
 fails validation."""
 
-import contextlib
-import io
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
-from asyncppo.cli.main import main
+from in_process import run_asyncppo as _asyncppo
 
 REPO = Path(__file__).parents[2]
 MATH = "tests/data/nemo_rl/ppo_math_1B.yaml"
 GYM = "tests/data/nemo_rl/ppo_async_gym.yaml"
-
-
-@dataclass(frozen=True)
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def _asyncppo(*args: str) -> Result:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(list(args))
-    return Result(status, out.getvalue(), err.getvalue())
 
 
 def test_port_writes_a_config_that_config_show_accepts(tmp_path: Path) -> None:
