@@ -12,8 +12,8 @@ import torch
 from asyncppo.generation.engines import EngineSettings, prefix_reuse_metrics
 from asyncppo.generation.protocol import GenerationRequest, SamplingParams
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
+from asyncppo.workers.generator_group import GenerationWorker, GeneratorGroup
 from asyncppo.workers.generator_worker import GeneratorWorker, load_generator_worker
-from asyncppo.workers.groups import GenerationWorker, GeneratorGroup
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.ray_host import PendingCall, WorkerCallError, WorkerGroup
 

@@ -174,6 +174,9 @@ class ValueModelConfig(TrainedModelConfig):
     optimizer and schedule; ignored when resuming from a checkpoint."""
     privileged_critic: PrivilegedCriticConfig = PrivilegedCriticConfig()
     """A reference block from the row's task fields that only the critic reads (asymmetric actor-critic)."""
+    own_devices: bool = False
+    """Give the critic's data-parallel ranks devices of their own instead of sharing the policy's (then the trainer
+    devices split evenly between the two)."""
 
     @model_validator(mode="after")
     def _check_tokenizer(self) -> Self:

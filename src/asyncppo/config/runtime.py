@@ -31,11 +31,40 @@ class DataConfig(Section):
     """Shuffle training rows each epoch (seeded by ppo.seed)."""
 
 
+class GenerationResourcesConfig(Section):
+    """Devices of non-colocated generators (NeMo-RL's names); both null = `generation.num_workers` generators
+    beside the trainers."""
+
+    num_nodes: PositiveInt | None = None
+    """Whole nodes given to the generators (a multi-node cluster: the trainers take the other nodes); null = the
+    generators share the trainers' nodes."""
+    gpus_per_node: PositiveInt | None = None
+    """Generator devices per generator node, one generator worker each (generation.num_workers = this x
+    num_nodes); null = generation.num_workers."""
+
+    @property
+    def provided_any(self) -> bool:
+        """Whether either key is set."""
+        return self.num_nodes is not None or self.gpus_per_node is not None
+
+
 class ColocationConfig(Section):
     """Where generation runs relative to training."""
 
     enabled: bool = True
     """Generate inside the policy workers' processes (sync only) instead of on separate generator workers."""
+    resources: GenerationResourcesConfig = GenerationResourcesConfig()
+    """Devices of the generators when not colocated."""
+
+    @model_validator(mode="after")
+    def _check_resources(self) -> Self:
+        if self.enabled and self.resources.provided_any:
+            raise RuleError(
+                "resources",
+                "sets generator devices, but generation runs inside the policy workers (enabled: true); set "
+                "generation.colocated.enabled: false or remove generation.colocated.resources",
+            )
+        return self
 
 
 class WeightSyncConfig(Section):
@@ -101,11 +130,32 @@ class GenerationConfig(Section):
     (a multi-turn conversation's history) reuses that KV instead of recomputing it; never across weight
     versions."""
     num_workers: PositiveInt = 1
-    """Generator workers when not colocated."""
+    """Generator workers when not colocated, one device each; set from generation.colocated.resources when that
+    is given."""
     colocated: ColocationConfig = ColocationConfig()
     """Colocation of generation with training."""
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     """Weight pushes to non-colocated generators."""
+
+    @model_validator(mode="after")
+    def _workers_from_resources(self) -> Self:
+        resources = self.colocated.resources
+        if resources.gpus_per_node is None:
+            if resources.num_nodes is not None:
+                raise RuleError(
+                    "colocated.resources.gpus_per_node",
+                    f"must be set with colocated.resources.num_nodes={resources.num_nodes} (generator devices per "
+                    "node)",
+                )
+            return self
+        count = resources.gpus_per_node * (resources.num_nodes or 1)
+        if self.provided("num_workers") and self.num_workers != count:
+            raise RuleError(
+                "num_workers",
+                f"{self.num_workers} disagrees with colocated.resources: gpus_per_node={resources.gpus_per_node} x "
+                f"num_nodes={resources.num_nodes or 1} = {count} generators; set one of them",
+            )
+        return self.model_copy(update={"num_workers": count})
 
     @property
     def train_profile(self) -> SamplingProfile:
@@ -261,22 +311,14 @@ class ClusterConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` uses CUDA when available."""
     num_nodes: PositiveInt = 1
-    """Nodes of the cluster; only 1 is supported (kept so NeMo-RL configs port: a larger value is an error)."""
+    """Nodes of the Ray cluster the run uses (with gpus_per_node: its devices)."""
     gpus_per_node: NonNegativeInt = 0
-    """GPUs per node; 0 on CPU machines."""
+    """Devices per node: GPUs on CUDA runs; on CPU runs, worker slots of one logical Ray CPU each. The trainers get
+    every device the generators do not (gpus_per_node x num_nodes - generation.num_workers data-parallel ranks).
+    0 = not stated: one trainer rank, and one more device per non-colocated generator."""
     ray_address: str | None = None
-    """Existing Ray cluster; null starts a local one bound to 127.0.0.1."""
-
-    @model_validator(mode="after")
-    def _check_nodes(self) -> Self:
-        # Nothing places workers per node and weight sync rendezvous on 127.0.0.1, so a larger value would be
-        # ignored (or fail mid-run on a multi-node Ray cluster): reject it at load time instead.
-        if self.num_nodes != 1:
-            raise RuleError(
-                "num_nodes",
-                f"{self.num_nodes} is not supported: multi-node placement is not supported yet (use num_nodes: 1)",
-            )
-        return self
+    """An existing Ray cluster to join (`ray start --head` prints it); null = the RAY_ADDRESS environment
+    variable, else a local cluster bound to 127.0.0.1."""
 
     num_cpus: PositiveInt | None = None
     """CPUs given to a local Ray cluster; null = all."""

@@ -63,6 +63,7 @@ class RunConfig(Section):
         self._check_gym()
         self._check_ranking_metric()
         self._check_schedules()
+        self._check_generator_nodes()
         if self.reward_penalties.any_enabled and not self.env.should_use_nemo_gym:
             raise RuleError(
                 "reward_penalties",
@@ -108,6 +109,25 @@ class RunConfig(Section):
             "trains no critic",
         )
         return config.model_copy(update={"value": None})
+
+    def _check_generator_nodes(self) -> None:
+        # NeMo-RL's rule: generators on whole nodes of their own, as large as the trainers' nodes.
+        resources = self.generation.colocated.resources
+        if resources.num_nodes is None:
+            return
+        cluster = self.cluster
+        if resources.num_nodes >= cluster.num_nodes:
+            raise RuleError(
+                "generation.colocated.resources.num_nodes",
+                f"{resources.num_nodes} whole nodes for generators leave none of cluster.num_nodes={cluster.num_nodes} "
+                "for the trainers; raise cluster.num_nodes or lower this",
+            )
+        if cluster.gpus_per_node and resources.gpus_per_node != cluster.gpus_per_node:
+            raise RuleError(
+                "generation.colocated.resources.gpus_per_node",
+                f"{resources.gpus_per_node} must equal cluster.gpus_per_node={cluster.gpus_per_node}: generators take "
+                "whole nodes",
+            )
 
     def _check_gym(self) -> None:
         if not self.env.should_use_nemo_gym:

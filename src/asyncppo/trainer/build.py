@@ -32,7 +32,8 @@ from asyncppo.trainer.run_inputs import (
     batch_source,
     single_turn_rollouts,
 )
-from asyncppo.workers.groups import GeneratorGroup, PolicyGroup, ValueGroup, WeightSync
+from asyncppo.workers.generator_group import GeneratorGroup
+from asyncppo.workers.groups import PolicyGroup, ValueGroup, WeightSync
 from asyncppo.workers.ray_host import HostOptions, WorkerGroup, init_local_ray
 
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym

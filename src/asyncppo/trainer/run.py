@@ -38,7 +38,8 @@ from asyncppo.trainer.run_inputs import (
     ValidationRolloutFn,
 )
 from asyncppo.types import Trajectory
-from asyncppo.workers.groups import GeneratorGroup, PolicyGroup, ValueGroup, WeightSync
+from asyncppo.workers.generator_group import GeneratorGroup
+from asyncppo.workers.groups import PolicyGroup, ValueGroup, WeightSync
 from asyncppo.workers.ray_host import WorkerGroup
 
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym

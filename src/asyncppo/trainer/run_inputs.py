@@ -25,7 +25,7 @@ from asyncppo.rollout.single_turn import run_single_turn_rollouts
 from asyncppo.trainer import builders
 from asyncppo.trainer.ppo_step import group_training_rewards
 from asyncppo.types import Trajectory
-from asyncppo.workers.groups import GeneratorGroup
+from asyncppo.workers.generator_group import GeneratorGroup
 
 FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
 ValidationRolloutFn = Callable[[Sequence[dict[str, Any]], int], tuple[list[Trajectory], int]]
