@@ -11,10 +11,11 @@ REPO = Path(__file__).parents[2]
 
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A local Ray cluster on 127.0.0.1 for the whole session (starting one costs ~4 s)."""
+    """A local Ray cluster on 127.0.0.1 for the whole session (starting one costs ~4 s); a CPU run places one
+    worker per logical CPU."""
     from asyncppo.workers.ray_host import init_local_ray
 
-    init_local_ray(num_cpus=2)
+    init_local_ray(num_cpus=4)  # logical CPUs: the scale-out tests place 2 trainer + 2 generator devices
     yield
     import ray
 

@@ -16,11 +16,9 @@ from safetensors.torch import load_file
 
 from asyncppo.checkpoint import load_run_state, load_state
 from asyncppo.config import validate_tree
-from asyncppo.distributed.process_group import free_port
 from asyncppo.metrics import read_metrics_jsonl
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.models.value import load_value_model, save_value_model, value_head
-from asyncppo.trainer import build
 from asyncppo.trainer.build import build_run
 from asyncppo.trainer.builders import resolve_model_path
 from asyncppo.trainer.loop import train
@@ -50,14 +48,9 @@ def test_non_colocated_run_trains_generators_hold_the_trainers_exact_weights_and
     tree = tiny_run_tree(data_dir)
     tree["generation"]["colocated"] = {"enabled": False}
     monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
-    sync_ports: list[int] = []
-
-    def recorded_free_port() -> int:
-        sync_ports.append(free_port())
-        return sync_ports[-1]
-
-    monkeypatch.setattr(build, "free_port", recorded_free_port)  # to find the weight-sync store among the sockets
     run = build_run(validate_tree(tree), tmp_path)
+    assert run.weight_sync is not None
+    sync_ports = [run.weight_sync.spec.port]  # to find the weight-sync store among the sockets
     seen: list[list[Listener]] = []
     log_metrics = run.metrics.log
 

@@ -179,22 +179,28 @@ def open_sync_group(spec: SyncGroupSpec, rank: int, device: torch.device | None 
 
 
 def _connect_store(spec: SyncGroupSpec, rank: int, deadline: float) -> TCPStore:
-    where = f"{spec.host}:{spec.port}"
-    role = "host the sync store on" if rank == 0 else "reach the sync store of rank 0 at"
     try:
-        if rank != 0:
-            # torch's client retries with a back-off that can overshoot its timeout by ~1.5x; wait for the port
-            # here against our own deadline, so the store connects at once.
-            _wait_for_listener(spec.host, spec.port, deadline)
-        timeout = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.1))
-        # wait_for_workers=False: the join below waits instead, so it can say which ranks are missing.
-        if rank != 0:
-            return TCPStore(spec.host, spec.port, None, False, timeout, wait_for_workers=False)
-        listen_fd = _listening_socket(spec.host, spec.port).detach()  # the store owns (and closes) the fd
-        return TCPStore(spec.host, spec.port, None, True, timeout, wait_for_workers=False, master_listen_fd=listen_fd)
+        return open_store(spec.host, spec.port, rank, deadline)
     except (RuntimeError, OSError) as error:  # DistStoreError is a RuntimeError; timeouts are OSError
+        where = f"{spec.host}:{spec.port}"
+        role = "host the sync store on" if rank == 0 else "reach the sync store of rank 0 at"
         message = f"weight sync rank {rank} could not {role} {where} within {spec.timeout_s:g} s: {_first_line(error)}"
         raise WeightSyncError(message) from error
+
+
+def open_store(host: str, port: int, rank: int, deadline: float) -> TCPStore:
+    """Rank 0 hosts a TCPStore listening on `host`:`port` only; the other ranks connect to it by `deadline`
+    (time.monotonic()). Raises RuntimeError or OSError (a timeout) when that fails."""
+    if rank != 0:
+        # torch's client retries with a back-off that can overshoot its timeout by ~1.5x; wait for the port
+        # here against our own deadline, so the store connects at once.
+        _wait_for_listener(host, port, deadline)
+    timeout = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.1))
+    # wait_for_workers=False: callers wait for their ranks themselves, so they can say which ones are missing.
+    if rank != 0:
+        return TCPStore(host, port, None, False, timeout, wait_for_workers=False)
+    listen_fd = _listening_socket(host, port).detach()  # the store owns (and closes) the fd
+    return TCPStore(host, port, None, True, timeout, wait_for_workers=False, master_listen_fd=listen_fd)
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
@@ -253,7 +259,7 @@ def _gloo_backend(store: PrefixStore, spec: SyncGroupSpec, rank: int, timeout: d
     options._timeout = timeout
     # On a loopback host, bind gloo to loopback too: the default device resolves the machine's hostname, which
     # in containers can name an interface the other local processes cannot reach.
-    if _is_loopback(spec.host):
+    if is_loopback(spec.host):
         options._devices = [ProcessGroupGloo.create_device(hostname=spec.host)]
     else:
         options._devices = [ProcessGroupGloo.create_default_device()]
@@ -282,7 +288,7 @@ def _device_label(device: torch.device) -> str:
     return str(torch.cuda.get_device_properties(device).uuid)  # unlike the index, the same across processes
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

@@ -17,7 +17,6 @@ from asyncppo.checkpoint import (
     load_run_state,
 )
 from asyncppo.config import ConfigError, RunConfig
-from asyncppo.distributed.process_group import SyncGroupSpec, free_port
 from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBoardSink
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.pipeline.failures import StepFailureBudget
@@ -32,22 +31,20 @@ from asyncppo.trainer.run_inputs import (
     batch_source,
     single_turn_rollouts,
 )
-from asyncppo.workers.generator_group import GeneratorGroup
-from asyncppo.workers.groups import PolicyGroup, ValueGroup, WeightSync
-from asyncppo.workers.ray_host import HostOptions, WorkerGroup, init_local_ray
+from asyncppo.trainer.worker_start import (
+    PLACEMENT_FILE,
+    placement_summary,
+    ray_start_options,
+    start_workers,
+    stop_workers,
+    write_placement,
+)
+from asyncppo.workers.ray_host import init_local_ray
 
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
     pass
 
-from asyncppo.trainer.run import GYM_RESULTS_FILE, WORKER_CALL_TIMEOUT_S, PublishedVersion, Run
-
-
-def _host_options(device: str, num_gpus: float, max_concurrency: int = 1) -> HostOptions:
-    # On CPU every host gets one torch thread: in the sync loop only one host computes at a time, and on a
-    # shared 2-core machine a second OpenMP thread spin-waits far more than it helps (measured ~10x slower).
-    return HostOptions(
-        num_cpus=0, num_gpus=num_gpus, max_concurrency=max_concurrency, torch_threads=1 if device == "cpu" else None
-    )
+from asyncppo.trainer.run import GYM_RESULTS_FILE, PublishedVersion, Run
 
 
 def check_supported(config: RunConfig) -> None:
@@ -77,66 +74,23 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = builders.ModelPaths.resolve(config)
     device = builders.resolve_device(config)
-    check_device_fit(config, device, torch.cuda.device_count() if device == "cuda" else 0)  # Ray would wait forever
+    layout = check_device_fit(config, device, torch.cuda.device_count() if device == "cuda" else 0)
     tokenizer = load_tokenizer(paths.tokenizer)
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
     engine = builders.engine_settings(config, eos, pad)
-    colocated = config.generation.colocated.enabled
-    num_gpus = config.cluster.gpus_per_node or None
     record_config(config, run_dir, resume)  # last before processes start: an attempt refused earlier writes nothing
-    init_local_ray(num_cpus=config.cluster.num_cpus, num_gpus=num_gpus, address=config.cluster.ray_address)
-
-    groups: list[WorkerGroup[object]] = []
     gpu = device == "cuda"
+    init_local_ray(**ray_start_options(config, layout, gpu))
+    workers = start_workers(config, paths, device, engine, layout)
+    groups, reservations = workers.groups, workers.reservations
+    policy, value, generator, weight_sync = workers.policy, workers.value, workers.generator, workers.weight_sync
     try:
-        policy_group = WorkerGroup.start(
-            "policy",
-            [builders.policy_factory(config, paths, device, engine if colocated else None)],
-            _host_options(device, 0.5 if gpu else 0, max_concurrency=4),
-            WORKER_CALL_TIMEOUT_S,
-        )
-        groups.append(policy_group)
-        value = None
-        if config.value is not None:
-            value_group = WorkerGroup.start(
-                "value",
-                [builders.value_factory(config, paths, device)],
-                _host_options(device, 0.5 if gpu else 0),
-                WORKER_CALL_TIMEOUT_S,
-            )
-            groups.append(value_group)
-            value = ValueGroup(value_group)
-        weight_sync = None
-        if colocated:
-            generator = GeneratorGroup(policy_group)
-        else:
-            generator_group = WorkerGroup.start(
-                "generator",
-                [
-                    builders.generator_factory(config, paths, device, engine, rank)
-                    for rank in range(config.generation.num_workers)
-                ],
-                # Every concurrent rollout must reach the engine's queue to share its batches: with fewer actor
-                # threads than in-flight groups, Ray queues the calls and batches shrink to the thread count.
-                _host_options(device, 1 if gpu else 0, max_concurrency=max(64, 2 * config.generation.max_batch_size)),
-                WORKER_CALL_TIMEOUT_S,
-            )
-            groups.append(generator_group)
-            generator = GeneratorGroup(generator_group)
-            sync = config.generation.weight_sync
-            spec = SyncGroupSpec(
-                host="127.0.0.1",
-                port=free_port(),
-                world_size=1 + len(generator_group),
-                backend="nccl" if gpu else "gloo",
-                timeout_s=sync.timeout_s,
-            )
-            weight_sync = WeightSync(policy_group, generator_group, spec, sync)
+        placement = write_placement(run_dir / PLACEMENT_FILE, groups)
     except BaseException:
-        for group in groups:
-            group.kill()
+        stop_workers(groups, reservations)
         raise
-
+    if layout.total > 2 or config.cluster.num_nodes > 1:  # a one-device-per-role run has nothing to report
+        print(placement_summary(placement), flush=True)
     published = PublishedVersion()
     gym = None
     if config.env.should_use_nemo_gym:
@@ -148,8 +102,7 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
                 config, generator, tokenizer, str(paths.tokenizer), lambda: published.value, results_log
             )
         except BaseException:
-            for group in groups:
-                group.kill()
+            stop_workers(groups, reservations)
             raise
         rollouts = RolloutFunctions(
             gym.rollout(config.ppo.num_generations_per_prompt),
@@ -176,7 +129,7 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
         config=config,
         run_dir=run_dir,
         step_settings=builders.step_settings(config),
-        policy=PolicyGroup(policy_group),
+        policy=policy,
         value=value,
         generator=generator,
         weight_sync=weight_sync,
@@ -189,6 +142,7 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
         published=published,
         tokenizer=tokenizer,
         groups=groups,
+        reservations=reservations,
         gym=gym,
         privileged_critic=PrivilegedCritic(tokenizer, privilege, pad) if privilege is not None else None,
         # auto picks graph only on CUDA (an unsupported family then falls back to hf and reports nothing).

@@ -41,6 +41,7 @@ from asyncppo.types import Trajectory
 from asyncppo.workers.generator_group import GeneratorGroup
 from asyncppo.workers.groups import PolicyGroup, ValueGroup, WeightSync
 from asyncppo.workers.ray_host import WorkerGroup
+from asyncppo.workers.reservations import Reservation
 
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
     from asyncppo.trainer.gym_setup import GymRollouts
@@ -86,6 +87,8 @@ class Run:
     tokenizer: PreTrainedTokenizerBase
     """The run's tokenizer (the driver's copy), for the texts of the run records."""
     groups: list[WorkerGroup[object]] = field(default_factory=list[WorkerGroup[object]])
+    reservations: list[Reservation] = field(default_factory=list[Reservation])
+    """The devices the groups sit on, given back after the groups end."""
     gym: "GymRollouts | None" = None
     privileged_critic: PrivilegedCritic | None = None
     engine_counters: dict[str, float] = field(default_factory=dict[str, float])
@@ -230,3 +233,5 @@ class Run:
         finally:
             for group in self.groups:
                 group.kill()
+            for reservation in self.reservations:
+                reservation.release()

@@ -48,7 +48,8 @@ class ValueModel(Protocol):
 
 
 class PolicyGroup:
-    """The policy workers (every rank takes part in each call; rank 0 answers)."""
+    """The policy workers: every rank takes part in each call (the data-parallel ranks run collectives together);
+    rank 0 answers."""
 
     def __init__(self, group: WorkerGroup[PolicyWorker]):
         self.group = group
@@ -63,16 +64,20 @@ class PolicyGroup:
         return self.group.call_all(PolicyWorker.train, batch)[0]
 
     def save(self, directory: Path) -> None:
-        """Rank 0 writes the policy checkpoint into `directory`."""
-        self.group.call(0, PolicyWorker.save, directory)
+        """Write the policy checkpoint into `directory` (every rank gathers its shards; rank 0 writes)."""
+        self.group.call_all(PolicyWorker.save, directory)
 
     def load(self, directory: Path) -> None:
         """Every rank loads weights, optimizer and scheduler from a `save` directory (resume)."""
         self.group.call_all(PolicyWorker.load, directory)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """CPU copies of rank 0's weights as pushed (for inspection and tests)."""
-        return self.group.call(0, PolicyWorker.weights)
+        """CPU copies of the weights as pushed (for inspection and tests; gathered from every rank's shards)."""
+        return self.group.call_all(PolicyWorker.weights)[0]
+
+    def __len__(self) -> int:
+        """Data-parallel ranks."""
+        return len(self.group)
 
 
 class ValueGroup:
@@ -91,8 +96,8 @@ class ValueGroup:
         return self.group.call_all(ValueWorker.evaluate, batch, offsets)[0]
 
     def save(self, directory: Path) -> None:
-        """Rank 0 writes the critic checkpoint into `directory`."""
-        self.group.call(0, ValueWorker.save, directory)
+        """Write the critic checkpoint into `directory` (every rank gathers its shards; rank 0 writes)."""
+        self.group.call_all(ValueWorker.save, directory)
 
     def load(self, directory: Path) -> None:
         """Every rank loads weights, optimizer and scheduler from a `save` directory (resume)."""
@@ -104,7 +109,8 @@ class ValueGroup:
 
 
 class WeightSync:
-    """Pushes the policy from policy rank 0 to every generator rank and verifies the copies."""
+    """Pushes the policy from policy rank 0 to every generator rank and verifies the copies. The other policy ranks
+    take part in every push: they gather their shards of each tensor with rank 0."""
 
     def __init__(
         self,
@@ -116,10 +122,13 @@ class WeightSync:
         self.policy = policy
         self.generators = generators
         self.settings = settings
+        self.spec = spec
         self.num_pushes = 0
-        specs = policy.call(0, PolicyWorker.param_specs)
+        specs = policy.call_all(PolicyWorker.param_specs)[0]
         # Every participant must join at once: waiting on rank 0 alone would deadlock the rendezvous.
-        calls: list[PendingCall[None]] = [policy.submit(0, PolicyWorker.open_sync, spec, settings.bucket_size_bytes)]
+        calls: list[PendingCall[None]] = [
+            policy.submit(0, PolicyWorker.open_sync, spec, specs, settings.bucket_size_bytes)
+        ]
         calls += [
             generators.submit(rank, GeneratorWorker.open_sync, spec, rank + 1, specs, settings.bucket_size_bytes)
             for rank in range(len(generators))
@@ -131,12 +140,13 @@ class WeightSync:
         self.num_pushes += 1
         period = self.settings.checksum_period
         check = period > 0 and self.num_pushes % period == 0
-        calls: list[PendingCall[Any]] = [self.policy.submit(0, PolicyWorker.push_weights, version, check)]
+        calls: list[PendingCall[Any]] = list(self.policy.submit_all(PolicyWorker.push_weights, version, check))
         calls += [
             self.generators.submit(rank, GeneratorWorker.receive_weights, version, check)
             for rank in range(len(self.generators))
         ]
-        report, *checksums = self._gather(calls, "push", self.settings.timeout_s + 30)
+        results = self._gather(calls, "push", self.settings.timeout_s + 30)
+        report, checksums = results[0], results[len(self.policy) :]
         assert isinstance(report, PushReport)
         if check:
             assert report.checksum is not None

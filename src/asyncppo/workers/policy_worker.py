@@ -177,11 +177,19 @@ class PolicyWorker(TrainedWorker):
     def param_specs(self) -> list[ParamSpec]:
         return param_specs(self.named_weights())
 
-    def open_sync(self, spec: SyncGroupSpec, bucket_size_bytes: int) -> None:
+    def open_sync(self, spec: SyncGroupSpec, specs: list[ParamSpec], bucket_size_bytes: int) -> None:
+        """Join the weight-sync group as its sender (rank 0 of the policy group only). `specs`: this worker's
+        `param_specs`, taken by the driver beforehand (in a data-parallel group every rank must gather for them)."""
         device = next(self.model.parameters()).device if spec.backend == "nccl" else torch.device("cpu")
-        self._sender = WeightSender(open_sync_group(spec, rank=0, device=device), self.param_specs(), bucket_size_bytes)
+        self._sender = WeightSender(open_sync_group(spec, rank=0, device=device), specs, bucket_size_bytes)
 
-    def push_weights(self, version: int, compute_checksum: bool) -> PushReport:
+    def push_weights(self, version: int, compute_checksum: bool) -> PushReport | None:
+        """Rank 0 sends the weights to the generators; in a data-parallel group every other rank takes part in
+        gathering each sharded tensor (a collective) and returns None."""
+        if not self._is_writer():
+            for _ in self.named_weights():
+                pass
+            return None
         if self._sender is None:
             raise RuntimeError("push_weights before open_sync")
         return self._sender.push(self.named_weights(), version, compute_checksum=compute_checksum)

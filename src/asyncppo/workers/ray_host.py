@@ -14,6 +14,7 @@ timeout and re-raise the worker's own error.
 import os
 import signal
 import threading
+import time
 
 # Ray reads these at import: no usage reporting (no calls out of the machine), every worker's log lines shown
 # (not deduplicated across workers), and no multi-node cluster on Windows or macOS hosts.
@@ -23,10 +24,16 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from asyncppo.distributed.default_group import Rendezvous, join_default_group
+
+if TYPE_CHECKING:
+    from asyncppo.workers.reservations import DeviceSlot
 
 LOCAL_HOST = "127.0.0.1"
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
@@ -38,6 +45,16 @@ Result = TypeVar("Result")
 
 class WorkerCallError(RuntimeError):
     """A call into a worker failed or timed out; the message names the group, rank and method."""
+
+
+def named_worker_error(where: str, error: BaseException) -> BaseException:
+    """Ray's error of a call `where` (`policy[1].train`) as a WorkerCallError naming it; other errors unchanged."""
+    if isinstance(error, RayTaskError):
+        cause = error.cause if isinstance(error.cause, BaseException) else error
+        return WorkerCallError(f"{where} failed: {type(cause).__name__}: {cause}")
+    if isinstance(error, RayActorError):
+        return WorkerCallError(f"{where}: the worker process died ({error})")
+    return error
 
 
 def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: str | None = None) -> None:
@@ -84,23 +101,44 @@ def shutdown_ray() -> None:
         ray.shutdown()
 
 
+@dataclass(frozen=True)
+class HostLocation:
+    """Where a host process runs: its Ray node and that node's IP."""
+
+    node_id: str
+    node_ip: str
+
+
 @ray.remote
 class WorkerHost:
-    """Hosts one plain worker object built in the actor process by `factory`; `call` runs one of its methods."""
+    """Hosts one plain worker object built in the actor process by `build`; `call` runs one of its methods."""
 
-    def __init__(self, factory: Callable[[], Any], torch_threads: int | None = None):
+    def __init__(self, torch_threads: int | None = None):
         if torch_threads is not None:
             import torch
 
             torch.set_num_threads(torch_threads)
+        self._target: Any = None
+
+    def location(self) -> HostLocation:
+        return HostLocation(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's IP and a port free on it right now: where a group whose rank 0 lives here can meet."""
+        from asyncppo.distributed.process_group import free_port
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def build(self, factory: Callable[[], Any], rank: int, rendezvous: Rendezvous | None) -> None:
+        """Join the data-parallel group (when there is one), then build the worker: its model shards over the group."""
+        if rendezvous is not None:
+            join_default_group(rendezvous, rank)
         self._target = factory()
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run the worker's method `method` (a name taken from a typed `WorkerGroup` call)."""
         return getattr(self._target, method)(*args, **kwargs)
-
-    def ready(self) -> bool:
-        return True
 
 
 @dataclass(frozen=True)
@@ -114,14 +152,20 @@ class HostOptions:
     torch_threads: int | None = None
 
 
-def start_host(factory: Callable[[], Any], options: HostOptions, name: str) -> Any:
-    """Start one WorkerHost actor (returns its handle; it is ready once `ready` returns)."""
+def start_host(options: HostOptions, slot: "DeviceSlot | None" = None) -> Any:
+    """Start one WorkerHost actor, in `slot` of a placement group when given (returns its handle; its worker is
+    built by `build`)."""
+    strategy = None
+    if slot is not None:
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
+        )
     return WorkerHost.options(  # pyright: ignore[reportAttributeAccessIssue]  # added by @ray.remote
         num_cpus=options.num_cpus,
         num_gpus=options.num_gpus,
         max_concurrency=options.max_concurrency,
-        name=None,
-    ).remote(factory, options.torch_threads)
+        scheduling_strategy=strategy,
+    ).remote(options.torch_threads)
 
 
 @dataclass(frozen=True)
@@ -150,14 +194,44 @@ class WorkerGroup(Generic[Worker]):
     # (through a classmethod on the unparameterized `WorkerGroup` it stays Unknown).
     @staticmethod
     def start(
-        name: str, factories: Sequence[Callable[[], Built]], options: HostOptions, timeout_s: float
+        name: str,
+        factories: Sequence[Callable[[], Built]],
+        options: HostOptions,
+        timeout_s: float,
+        slots: Sequence["DeviceSlot"] | None = None,
+        data_parallel: str | None = None,
     ) -> "WorkerGroup[Built]":
-        """Start one host per factory and wait until every one has built its worker."""
-        group = WorkerGroup[Built](
-            name, [start_host(factory, options, f"{name}-{rank}") for rank, factory in enumerate(factories)], timeout_s
+        """Start one host per factory (in `slots[rank]` when given) and wait until every one has built its worker.
+
+        data_parallel: a torch.distributed backend (`gloo`, `nccl`): with more than one factory the hosts first
+        form one default process group, meeting at rank 0's node, so the workers shard their models over it.
+        """
+        if slots is not None and len(slots) != len(factories):
+            raise ValueError(f"{name}: {len(factories)} workers but {len(slots)} placement slots")
+        hosts = [start_host(options, None if slots is None else slots[rank]) for rank in range(len(factories))]
+        group = WorkerGroup[Built](name, hosts, timeout_s)
+        rendezvous = None
+        if data_parallel is not None and len(factories) > 1:
+            host, port = group.rendezvous_address(0)
+            rendezvous = Rendezvous(host, port, len(factories), data_parallel, timeout_s)
+        # Every rank builds at once: the group's rendezvous waits for all of them.
+        group.gather(
+            [
+                PendingCall(host.build.remote(factory, rank, rendezvous), rank, "build")
+                for rank, (host, factory) in enumerate(zip(hosts, factories, strict=True))
+            ]
         )
-        group.gather([PendingCall(host.ready.remote(), rank, "ready") for rank, host in enumerate(group.hosts)])
         return group
+
+    def rendezvous_address(self, rank: int) -> tuple[str, int]:
+        """`rank`'s node IP and a port free there: where a group whose rank 0 is that host can meet."""
+        return self.gather([PendingCall(self.hosts[rank].rendezvous_address.remote(), rank, "rendezvous_address")])[0]
+
+    def locations(self) -> list[HostLocation]:
+        """Where each rank's host runs, in rank order."""
+        return self.gather(
+            [PendingCall(host.location.remote(), rank, "location") for rank, host in enumerate(self.hosts)]
+        )
 
     def __len__(self) -> int:
         return len(self.hosts)
@@ -180,21 +254,28 @@ class WorkerGroup(Generic[Worker]):
         return [self.submit(rank, method, *args, **kwargs) for rank in range(len(self.hosts))]
 
     def gather(self, calls: Sequence[PendingCall[Result]], timeout_s: float | None = None) -> list[Result]:
-        """Wait for `calls` in order; a failure or timeout names the group, rank and method."""
+        """The results of `calls` in their order. Waits for them in the order they finish, so the first failure is
+        raised at once, naming the group, rank and method, even while other ranks still wait for it in a
+        collective; past the timeout the error names the first call still running."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        results: list[Result] = []
-        for call in calls:
-            where = f"{self.name}[{call.rank}].{call.method}"
-            try:
-                results.append(ray.get(call.ref, timeout=timeout))
-            except GetTimeoutError:
-                raise WorkerCallError(f"{where} did not finish within {timeout:.0f} s") from None
-            except RayTaskError as error:
-                cause = error.cause if isinstance(error.cause, BaseException) else error
-                raise WorkerCallError(f"{where} failed: {type(cause).__name__}: {cause}") from error
-            except RayActorError as error:
-                raise WorkerCallError(f"{where}: the worker process died ({error})") from error
-        return results
+        deadline = time.monotonic() + timeout
+        pending = {call.ref: call for call in calls}
+        results: dict[Any, Result] = {}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+            if not done:
+                first = next(iter(pending.values()))
+                raise WorkerCallError(f"{self._where(first)} did not finish within {timeout:.0f} s")
+            for ref in done:
+                call = pending.pop(ref)
+                try:
+                    results[ref] = ray.get(ref)
+                except (RayTaskError, RayActorError) as error:
+                    raise named_worker_error(self._where(call), error) from error
+        return [results[call.ref] for call in calls]
+
+    def _where(self, call: PendingCall[Any]) -> str:
+        return f"{self.name}[{call.rank}].{call.method}"
 
     def call_all(
         self, method: Callable[Concatenate[Worker, Params], Result], *args: Params.args, **kwargs: Params.kwargs
