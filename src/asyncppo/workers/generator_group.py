@@ -1,18 +1,20 @@
 """GeneratorGroup: the run's generation ranks behind one Generator (generator workers, or the policy workers when
 generation is colocated), used by rollouts, the gym's policy servers and the driver's per-step counters.
 
-    rollouts --generate(requests) / submit(request)--> GeneratorGroup --> GenerationWorker rank 0..N-1
+    rollouts --generate(requests) / submit(request)--> GeneratorGroup --least loaded--> GenerationWorker rank 0..N-1
 """
 
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
+from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.workers.ray_host import WorkerCallError, WorkerGroup
+from asyncppo.workers.ray_host import PendingCall, WorkerCallError, WorkerGroup
 
 if TYPE_CHECKING:  # the HTTP stack (fastapi, uvicorn) is imported only by runs that serve the gym
     from asyncppo.workers.policy_http import PolicyServerSettings
@@ -43,40 +45,105 @@ class GenerationWorker(Protocol):
 class GeneratorGroup:
     """A Generator over the generation ranks (generator workers, or the policy workers when colocated).
 
-    `generate` splits a request list into contiguous shares, one per rank, so each engine batches its share.
+    Requests go to the least-loaded rank: the group counts the requests it has sent to each rank and not yet
+    had answered (callers share it from many threads: collector threads call `generate`, a policy server's
+    event loop calls `submit`), and a count drops when the rank answers, with results or an error. A rank that
+    died fails every call routed to it with a WorkerCallError that names it, so a dead generator stops the run
+    instead of stalling it.
     """
 
     def __init__(self, group: WorkerGroup[GenerationWorker]):
         self.group = group
+        self._lock = threading.Lock()
+        self._in_flight = [0] * len(group)
+        # Where the search for the least-loaded rank starts; it moves past each choice. Ties then rotate: lone
+        # calls at light load (every rank idle, so all tied) take the ranks in turn instead of all landing on
+        # rank 0, which would leave the other engines idle.
         self._next_rank = 0
         self._counters_enabled = True
 
+    def in_flight(self) -> list[int]:
+        """Requests sent to each rank and not answered yet, in rank order."""
+        with self._lock:
+            return list(self._in_flight)
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        ranks = len(self.group)
-        share = -(-len(requests) // ranks)
-        chunks = [list(requests[start : start + share]) for start in range(0, len(requests), share)]
-        calls = [self.group.submit(rank, GenerationWorker.generate, chunk) for rank, chunk in enumerate(chunks)]
-        results: list[GenerationResult] = []
-        for chunk_results in self.group.gather(calls):
-            results.extend(chunk_results)
-        return results
+        """Results in request order.
+
+        The requests are cut into units of consecutive requests with the same prompt (a prompt group's samples),
+        and each unit goes whole to the rank with the fewest requests in flight (counting the units this call
+        has already given it), so one engine sees a group's shared prompt and reuses its prefix. Each rank gets
+        one call with its units in request order (with one rank: the whole list, as given).
+        """
+        units = prompt_units(requests)
+        ranks = self._route([len(unit) for unit in units])
+        shares: list[list[int]] = [[] for _ in range(len(self.group))]
+        for unit, rank in zip(units, ranks, strict=True):
+            shares[rank].extend(unit)
+        calls: list[tuple[list[int], PendingCall[list[GenerationResult]]]] = []
+        for rank, positions in enumerate(shares):
+            if not positions:
+                continue
+            try:
+                call, _ = self._start(rank, [requests[position] for position in positions])
+            except BaseException:
+                for later_rank in range(rank, len(shares)):  # not started: nothing will answer for them
+                    self._release(later_rank, len(shares[later_rank]))
+                raise
+            calls.append((positions, call))
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for (positions, _), share_results in zip(calls, self.group.gather([call for _, call in calls]), strict=True):
+            for position, result in zip(positions, share_results, strict=True):
+                results[position] = result
+        assert None not in results, "every request is in exactly one share"
+        return cast(list[GenerationResult], results)
 
     def submit(self, request: GenerationRequest) -> "Future[GenerationResult]":
-        """One request to the next rank in turn; the future carries its result or the worker's error."""
-        rank = self._next_rank
-        self._next_rank = (rank + 1) % len(self.group)
-        call = self.group.submit(rank, GenerationWorker.generate, [request])
+        """One request to the least-loaded rank; the future carries its result, or a WorkerCallError that names
+        the rank and says what happened (the worker died, or the call failed and why)."""
+        (rank,) = self._route([1])
+        _, done = self._start(rank, [request])
         result: Future[GenerationResult] = Future()
+        where = f"{self.group.name}[{rank}].generate"
 
         def unwrap(done: "Future[list[GenerationResult]]") -> None:
             error = done.exception()
             if error is not None:
-                result.set_exception(error)
+                result.set_exception(named_worker_error(where, error))
             else:
                 result.set_result(done.result()[0])
 
-        call.ref.future().add_done_callback(unwrap)
+        done.add_done_callback(unwrap)
         return result
+
+    def _route(self, unit_sizes: Sequence[int]) -> list[int]:
+        """The rank of each unit, taken in order: the one with the fewest requests in flight, which then counts
+        the unit's requests as in flight (so the next unit of the same call sees them)."""
+        with self._lock:
+            num_ranks = len(self._in_flight)
+            ranks = []
+            for size in unit_sizes:
+                search_order = [(self._next_rank + offset) % num_ranks for offset in range(num_ranks)]
+                rank = min(search_order, key=self._in_flight.__getitem__)  # the first of the least loaded
+                self._next_rank = (rank + 1) % num_ranks
+                self._in_flight[rank] += size
+                ranks.append(rank)
+            return ranks
+
+    def _start(
+        self, rank: int, requests: list[GenerationRequest]
+    ) -> "tuple[PendingCall[list[GenerationResult]], Future[list[GenerationResult]]]":
+        """Start `generate` on `rank`; its requests leave the in-flight count when the rank answers. Returns the
+        call (for `gather`) and a future of its answer, on which the count has already dropped."""
+        call = self.group.submit(rank, GenerationWorker.generate, requests)
+        done: Future[list[GenerationResult]] = call.ref.future()
+        done.add_done_callback(lambda _: self._release(rank, len(requests)))
+        return call, done
+
+    def _release(self, rank: int, num_requests: int) -> None:
+        with self._lock:
+            self._in_flight[rank] -= num_requests
+            assert self._in_flight[rank] >= 0, f"rank {rank} answered more requests than it was sent"
 
     def set_policy_version(self, version: int) -> None:
         self.group.call_all(GenerationWorker.set_policy_version, version)
@@ -115,6 +182,33 @@ class GeneratorGroup:
             log.warning("generation engine counters are not reported from now on: %s", error)
             return {}
         return sum_counters(answers)
+
+
+def prompt_units(requests: Sequence[GenerationRequest]) -> list[range]:
+    """Positions of each run of consecutive requests with the same prompt token ids, in order."""
+    units: list[range] = []
+    start = 0
+    for position in range(1, len(requests) + 1):
+        if position == len(requests) or requests[position].prompt_token_ids != requests[start].prompt_token_ids:
+            units.append(range(start, position))
+            start = position
+    return units
+
+
+def named_worker_error(where: str, error: BaseException) -> BaseException:
+    """Ray's error of a call into `where` (`generator[1].generate`) as a WorkerCallError that names it, worded as
+    `WorkerGroup.gather` words it; an error that did not come from Ray is returned as it is."""
+    if isinstance(error, RayActorError):
+        named = WorkerCallError(f"{where}: the worker process died ({error})")
+    elif isinstance(error, RayTaskError):
+        cause = error.cause if isinstance(error.cause, BaseException) else error
+        named = WorkerCallError(f"{where} failed: {type(cause).__name__}: {cause}")
+    elif isinstance(error, RayError):
+        named = WorkerCallError(f"{where} failed: {type(error).__name__}: {error}")
+    else:
+        return error
+    named.__cause__ = error
+    return named
 
 
 def sum_counters(answers: Iterable[dict[str, float]]) -> dict[str, float]:

@@ -13,7 +13,6 @@ With `api_key` set, `/run` requires it (the agent spends the policy server's key
 agent sends it to the policy and resources servers.
 """
 
-import itertools
 import json
 import re
 import secrets
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from asyncppo.gym.auth import bearer_headers, require_api_key
 from asyncppo.gym.results import quote
+from asyncppo.gym.servers.least_loaded import LeastLoaded
 
 # Routes of the resources server itself, which a model-chosen tool name must never reach.
 RESERVED_TOOL_NAMES = frozenset({"seed_session", "verify", "aggregate_metrics", "mcp", "health"})
@@ -118,15 +118,16 @@ def create_simple_agent_app(
     `api_key` (when set) is required as `Authorization: Bearer <key>` on every route but GET /health, and sent to
     the policy and resources servers, which require the same key.
 
-    With several policy servers (one per generator worker) each rollout sticks to one of them, taken in turn,
-    so its turns reach the same engine (Gym's sticky sessions) and the load spreads evenly.
+    With several policy servers (one per generator worker) each rollout sticks to one of them, so its turns reach
+    the same engine (Gym's sticky sessions): the one with the fewest of this agent's rollouts running on it, so
+    long rollouts on one engine do not pile new ones onto it.
     """
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     base_urls = [model_base_url] if isinstance(model_base_url, str) else list(model_base_url)
     if not base_urls:
         raise ValueError("model_base_url: need at least one policy server URL")
-    model_urls = itertools.cycle([chat_completions_url(url) for url in base_urls])
+    model_urls = LeastLoaded([chat_completions_url(url) for url in base_urls])
     resources_url = resources_url.rstrip("/")
     auth = bearer_headers(api_key)
     app = FastAPI(title="asyncppo simple_agent")
@@ -149,7 +150,8 @@ def create_simple_agent_app(
                 seed = await _post(http, f"{resources_url}/seed_session", row)
                 cookie = "; ".join(f"{name}={value}" for name, value in seed.cookies.items())
                 session = {"Cookie": cookie} if cookie else {}
-                response = await _rollout(http, next(model_urls), row, messages, session)
+                with model_urls.lease() as model_url:
+                    response = await _rollout(http, model_url, row, messages, session)
                 verified = await _post(http, f"{resources_url}/verify", row | {"response": response}, session)
             except UpstreamError as error:
                 return JSONResponse({"error": str(error)}, 502)
