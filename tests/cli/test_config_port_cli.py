@@ -46,8 +46,14 @@ def test_refused_keys_exit_2_with_one_error_line_each(tmp_path: Path) -> None:
 
 
 def test_a_port_that_fails_validation_exits_2(tmp_path: Path) -> None:
+    # Generators on both nodes of a two-node cluster leave the trainers none: the port maps, validation refuses.
     source = tmp_path / "two_nodes.yaml"
-    source.write_text(f"defaults: {REPO / MATH}\ncluster: {{num_nodes: 2}}\n")
+    source.write_text(
+        f"defaults: {REPO / GYM}\npolicy:\n  generation:\n    colocated:\n      resources: {{num_nodes: 2}}\n"
+    )
     result = _asyncppo("config", "port", str(source))
     assert result.returncode == 2
-    assert "error: cluster.num_nodes: 2 is not supported" in result.stderr
+    assert (
+        "error: generation.colocated.resources.num_nodes: 2 whole nodes for generators leave none of "
+        "cluster.num_nodes=2 for the trainers" in result.stderr
+    )

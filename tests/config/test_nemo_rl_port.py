@@ -115,7 +115,8 @@ EXPECTED_MEGATRON_MAPPING = {
     "policy.megatron_cfg.scheduler.lr_warmup_iters": "model.scheduler.warmup_steps",
     "policy.megatron_cfg.scheduler.lr_decay_iters": "model.scheduler.total_steps",
     "policy.megatron_cfg.activation_checkpointing": "model.activation_checkpointing",
-    "policy.generation.colocated.resources.gpus_per_node": "generation.num_workers",
+    "policy.generation.colocated.resources.gpus_per_node": "generation.colocated.resources.gpus_per_node",
+    "policy.generation.colocated.resources.num_nodes": "generation.colocated.resources.num_nodes",
 }
 
 
@@ -163,7 +164,10 @@ def test_converted_values() -> None:
     assert gym["model"]["scheduler"] == pytest.approx(
         {"min_lr_ratio": 0.1, "name": "cosine", "warmup_steps": 10, "total_steps": 1000}
     )
-    assert gym["generation"]["num_workers"] == 4 and gym["generation"]["colocated"] == {"enabled": False}
+    # Two 8-GPU nodes, generators on one of them: 8 generator workers, the other node's 8 GPUs train.
+    assert gym["generation"]["colocated"] == {"enabled": False, "resources": {"gpus_per_node": 8, "num_nodes": 1}}
+    assert gym["cluster"] == {"gpus_per_node": 8, "num_nodes": 2} and "num_workers" not in gym["generation"]
+    assert validate_tree(gym).generation.num_workers == 8
     assert gym["env"]["gym"] == {"launch": "external", "head_server_url": "http://127.0.0.1:11000"}
     # No prompt limit and no shaping: the context is split in halves.
     assert (gym["generation"]["max_new_tokens"], gym["data"]["max_input_seq_length"]) == (16384, 16384)
@@ -200,11 +204,6 @@ def test_a_shorter_max_new_tokens_is_kept() -> None:
             "policy.scheduler",
             "expected ConstantLR, LinearLR or CosineAnnealingLR",
         ),
-        (
-            lambda s: s["policy"]["generation"]["colocated"]["resources"].update(num_nodes=8),
-            "policy.generation.colocated.resources.num_nodes",
-            "multi-node",
-        ),
         (lambda s: s["value"]["tokenizer"].update(name="other"), "value.tokenizer.name", "policy's tokenizer"),
         (
             lambda s: s["policy"]["scheduler"][0]["kwargs"].update(start_factor="tenth"),
@@ -218,6 +217,77 @@ def test_what_asyncppo_cannot_express_is_refused_naming_the_key(edit: Any, key: 
     edit(source)
     refusals = port_tree(source).refusals
     assert len(refusals) == 1 and refusals[0].startswith(f"{key}: refused: ") and reason in refusals[0], refusals
+
+
+def _gym_source(cluster_nodes: int, gpus_per_node: int | None, num_nodes: int | None) -> dict[str, Any]:
+    """The async gym config on `cluster_nodes` 8-GPU nodes, its generators given the two resources keys."""
+    source = load_nemo_rl_tree(GYM)
+    source["cluster"]["num_nodes"] = cluster_nodes
+    source["policy"]["generation"]["colocated"]["resources"] = {"gpus_per_node": gpus_per_node, "num_nodes": num_nodes}
+    return source
+
+
+RESOURCES = "policy.generation.colocated.resources"
+
+
+@pytest.mark.parametrize(
+    ("cluster_nodes", "gpus_per_node", "num_nodes", "resources", "num_workers"),
+    [
+        # One node: NeMo-RL carves gpus_per_node generator GPUs out of it (num_nodes null or 1): asyncppo's
+        # generators beside the trainers (resources.num_nodes unset), 8 - 4 = 4 trainer GPUs.
+        (1, 4, 1, {"gpus_per_node": 4}, 4),
+        (1, 4, None, {"gpus_per_node": 4}, 4),
+        # Several nodes: generators take num_nodes whole nodes; a null gpus_per_node means the cluster's 8.
+        (2, 8, 1, {"gpus_per_node": 8, "num_nodes": 1}, 8),
+        (4, None, 2, {"gpus_per_node": 8, "num_nodes": 2}, 16),
+    ],
+)
+def test_generation_resources_port_by_nemo_rl_sizing(
+    cluster_nodes: int, gpus_per_node: int | None, num_nodes: int | None, resources: dict[str, int], num_workers: int
+) -> None:
+    result = port_tree(_gym_source(cluster_nodes, gpus_per_node, num_nodes))
+    assert result.refusals == []
+    assert result.tree["generation"]["colocated"] == {"enabled": False, "resources": resources}
+    config = validate_tree(result.tree)
+    assert (config.generation.num_workers, config.cluster.num_nodes) == (num_workers, cluster_nodes)
+    rows = _rows(result)
+    assert rows[f"{RESOURCES}.gpus_per_node"][0] == "mapped"
+    assert rows[f"{RESOURCES}.num_nodes"][0] == ("mapped" if "num_nodes" in resources else "neutral")
+
+
+def test_generation_resources_of_a_colocated_run_are_dropped() -> None:
+    rows = _rows(port_file(MATH))
+    for key in ("gpus_per_node", "num_nodes"):
+        assert rows[f"{RESOURCES}.{key}"] == ("neutral", "colocated: generation shares the training workers' devices")
+
+
+def test_non_colocated_generation_on_one_node_needs_its_gpus_per_node() -> None:
+    refusals = port_tree(_gym_source(1, None, None)).refusals
+    assert refusals == [
+        f"{RESOURCES}.gpus_per_node: refused: None: non-colocated generation needs its GPUs per node (NeMo-RL "
+        "requires it too)"
+    ]
+
+
+def test_generators_on_every_node_port_and_fail_validation_naming_the_key() -> None:
+    tree = port_tree(_gym_source(2, 8, 2)).tree
+    with pytest.raises(ConfigError) as caught:
+        validate_tree(tree)
+    assert caught.value.lines == [
+        "generation.colocated.resources.num_nodes: 2 whole nodes for generators leave none of cluster.num_nodes=2 "
+        "for the trainers; raise cluster.num_nodes or lower this"
+    ]
+
+
+def test_a_colocated_run_over_several_gpus_is_told_it_stops_at_start() -> None:
+    """asyncppo refuses colocated generation over more than one trainer rank; the row says so, the value is kept."""
+    action, detail = _rows(port_file(MATH))["cluster.gpus_per_node"]
+    assert action == "mapped" and detail.startswith("cluster.gpus_per_node (colocated: 8 trainer ranks, refused at")
+    assert "override cluster.gpus_per_node=1" in detail
+    source = _math_source()
+    source["cluster"]["gpus_per_node"] = 1
+    assert _rows(port_tree(source))["cluster.gpus_per_node"] == ("mapped", "same key")
+    assert _rows(port_file(GYM))["cluster.gpus_per_node"] == ("mapped", "same key")  # non-colocated
 
 
 def test_a_nemo_rl_tree_is_told_from_an_asyncppo_one() -> None:

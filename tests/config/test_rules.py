@@ -353,15 +353,6 @@ def test_keep_top_k_by_a_validation_metric_needs_validations(tree):
     assert validate_tree(tree).checkpointing.keep_top_k == 2
 
 
-def test_multi_node_is_rejected_until_placement_supports_it(tree):
-    tree["cluster"] = {"num_nodes": 2, "ray_address": "10.0.0.1:6379"}
-    assert _rejected(tree) == (
-        "cluster.num_nodes: 2 is not supported: multi-node placement is not supported yet (use num_nodes: 1)"
-    )
-    tree["cluster"]["num_nodes"] = 1
-    assert validate_tree(tree).cluster.ray_address == "10.0.0.1:6379"
-
-
 def test_the_critic_uses_the_policys_tokenizer(tree):
     tree["value"]["tokenizer"] = "/models/other"
     assert _rejected(tree).startswith("value.tokenizer: '/models/other' is not supported: the critic scores")

@@ -64,13 +64,52 @@ def _max_input(_key: str, value: Any, source: Source) -> Outcome:
     return mapped("data.max_input_seq_length", prompt, f"the rest of the context; max_new_tokens {how}")
 
 
+def _cluster_nodes(source: Source) -> Any:
+    return source.get("cluster.num_nodes", 1)
+
+
 def _resources_gpus(_key: str, value: Any, source: Source) -> Outcome:
-    if source.enabled("policy.generation.colocated") or value is None:
+    # NeMo-RL's sizing: on one node the generators take gpus_per_node of it; on several they take whole nodes of
+    # cluster.gpus_per_node (null there means exactly that).
+    if source.enabled("policy.generation.colocated"):
         return Outcome("neutral", "colocated: generation shares the training workers' devices")
-    nodes = source.get("policy.generation.colocated.resources.num_nodes") or 1
-    if not isinstance(value, int) or not isinstance(nodes, int):
+    nodes = source.get("policy.generation.colocated.resources.num_nodes")
+    cluster_gpus = source.get("cluster.gpus_per_node")
+    if value is None and _cluster_nodes(source) not in (None, 1) and nodes is not None:
+        if not isinstance(cluster_gpus, int) or isinstance(cluster_gpus, bool):
+            return Outcome("refused", f"null with cluster.gpus_per_node={cluster_gpus!r}: expected a number of GPUs")
+        target = "generation.colocated.resources.gpus_per_node"
+        return mapped(target, cluster_gpus, "null: whole nodes of cluster.gpus_per_node; one generator worker per GPU")
+    if value is None:
+        return Outcome("refused", "None: non-colocated generation needs its GPUs per node (NeMo-RL requires it too)")
+    if not isinstance(value, int) or isinstance(value, bool):
         return Outcome("refused", f"{value!r}: expected a number of GPUs per node")
-    return mapped("generation.num_workers", value * nodes, "one generator worker per GPU")
+    return mapped("generation.colocated.resources.gpus_per_node", value, "one generator worker per GPU")
+
+
+def _resources_nodes(_key: str, value: Any, source: Source) -> Outcome:
+    # asyncppo's resources.num_nodes means whole nodes of their own; NeMo-RL's 1 on a one-node cluster means the
+    # generators share that node, which is asyncppo's null.
+    if source.enabled("policy.generation.colocated"):
+        return Outcome("neutral", "colocated: generation shares the training workers' devices")
+    one_shared_node = not isinstance(value, bool) and value == 1 and _cluster_nodes(source) in (None, 1)
+    if value is None or one_shared_node:
+        return Outcome("neutral", "the generators share the trainers' nodes; the trainers get the GPUs they leave")
+    return mapped("generation.colocated.resources.num_nodes", value, "whole nodes; the trainers take the others")
+
+
+def _cluster_gpus(key: str, value: Any, source: Source) -> Outcome:
+    # Mapped as it is; a colocated run over several GPUs says here why `asyncppo train` will stop at start.
+    nodes = _cluster_nodes(source)
+    colocated = source.enabled("policy.generation.colocated")
+    if not colocated or not isinstance(value, int) or not isinstance(nodes, int) or value * nodes <= 1:
+        return mapped(key, value)
+    return mapped(
+        key,
+        value,
+        f"colocated: {value * nodes} trainer ranks, refused at start since a colocated engine cannot run over FSDP "
+        "shards; override cluster.gpus_per_node=1 or generate non-colocated",
+    )
 
 
 def _top_k(_key: str, value: Any, _source: Source) -> Outcome:
@@ -188,10 +227,7 @@ RULES: list[tuple[str, Rule]] = [
     ("policy.generation.vllm_cfg.*", backend(f"vLLM engine settings; {_ENGINE}")),
     ("policy.generation.vllm_kwargs*", backend(f"vLLM engine settings; {_ENGINE}")),
     ("policy.generation.colocated.resources.gpus_per_node", _resources_gpus),
-    (
-        "policy.generation.colocated.resources.num_nodes",
-        neutral_when((None, 1), "one node, as asyncppo runs", "multi-node is refused"),
-    ),
+    ("policy.generation.colocated.resources.num_nodes", _resources_nodes),
     (
         "value.reward_model_cfg.enabled",
         neutral_when((True,), "asyncppo's critic always has a scalar head", "needs a head"),
@@ -250,7 +286,8 @@ RULES: list[tuple[str, Rule]] = [
     ),
     ("checkpointing.model_save_format", backend("asyncppo writes its own checkpoint layout (safetensors)")),
     ("checkpointing.save_consolidated", backend("asyncppo's checkpoints are single-device, never sharded")),
-    ("cluster.segment_size", backend("Ray placement groups; asyncppo places workers on one node")),
+    ("cluster.gpus_per_node", _cluster_gpus),
+    ("cluster.segment_size", backend("NVLink-domain placement; asyncppo packs each worker group (Ray PACK)")),
     ("cluster.master_port_range_*", backend("torch.distributed ports; asyncppo's weight sync picks its own")),
     ("logger.monitor_gpus", backend("GPU monitor; asyncppo logs timing/* and memory in metrics.jsonl")),
     ("logger.gpu_monitoring.*", backend("GPU monitor; asyncppo logs timing/* and memory in metrics.jsonl")),
