@@ -15,7 +15,7 @@ import ray
 import torch
 from safetensors.torch import load_file
 
-from asyncppo.config import RunConfig, validate_tree
+from asyncppo.config import ConfigError, RunConfig, validate_tree
 from asyncppo.metrics import read_metrics_jsonl
 from asyncppo.trainer import builders, loop
 from asyncppo.trainer.build import build_run
@@ -144,3 +144,22 @@ def test_async_two_ranks_survive_a_killed_rank_and_resume_to_one_rank_losses(
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert "async/avg_policy_age" in metrics[-1]
     assert torch.load(tmp_path / "checkpoints" / "step_3" / "policy" / "optimizer.pt", weights_only=True)["state"]
+
+
+def test_a_run_asking_for_more_devices_than_the_ray_cluster_has_fails_at_start_naming_the_numbers(
+    ray_cluster: None,
+    cache_dir: Path,
+    data_dir: Path,
+    tmp_path: Path,
+    tiny_run_tree: Callable[..., dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
+    tree = _two_rank_tree(tiny_run_tree, data_dir)
+    tree["cluster"]["gpus_per_node"] = 8  # 6 trainer devices; the session's cluster has 4 logical CPUs
+    with pytest.raises(ConfigError) as raised:
+        build_run(validate_tree(tree), tmp_path)
+    assert raised.value.lines == [
+        "cluster: the trainers need 6 CPU devices but the Ray cluster has 4 in all; lower the run's devices "
+        "(docs/multi-node.md) or grow the cluster"
+    ]

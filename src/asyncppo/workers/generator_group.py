@@ -11,10 +11,9 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
-from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.workers.ray_host import PendingCall, WorkerCallError, WorkerGroup
+from asyncppo.workers.ray_host import PendingCall, WorkerCallError, WorkerGroup, named_worker_error
 
 if TYPE_CHECKING:  # the HTTP stack (fastapi, uvicorn) is imported only by runs that serve the gym
     from asyncppo.workers.policy_http import PolicyServerSettings
@@ -193,22 +192,6 @@ def prompt_units(requests: Sequence[GenerationRequest]) -> list[range]:
             units.append(range(start, position))
             start = position
     return units
-
-
-def named_worker_error(where: str, error: BaseException) -> BaseException:
-    """Ray's error of a call into `where` (`generator[1].generate`) as a WorkerCallError that names it, worded as
-    `WorkerGroup.gather` words it; an error that did not come from Ray is returned as it is."""
-    if isinstance(error, RayActorError):
-        named = WorkerCallError(f"{where}: the worker process died ({error})")
-    elif isinstance(error, RayTaskError):
-        cause = error.cause if isinstance(error.cause, BaseException) else error
-        named = WorkerCallError(f"{where} failed: {type(cause).__name__}: {cause}")
-    elif isinstance(error, RayError):
-        named = WorkerCallError(f"{where} failed: {type(error).__name__}: {error}")
-    else:
-        return error
-    named.__cause__ = error
-    return named
 
 
 def sum_counters(answers: Iterable[dict[str, float]]) -> dict[str, float]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncppo.distributed.default_group import Rendezvous, join_default_group
@@ -48,13 +48,19 @@ class WorkerCallError(RuntimeError):
 
 
 def named_worker_error(where: str, error: BaseException) -> BaseException:
-    """Ray's error of a call `where` (`policy[1].train`) as a WorkerCallError naming it; other errors unchanged."""
-    if isinstance(error, RayTaskError):
-        cause = error.cause if isinstance(error.cause, BaseException) else error
-        return WorkerCallError(f"{where} failed: {type(cause).__name__}: {cause}")
+    """Ray's error of a call into `where` (`generator[1].generate`) as a WorkerCallError that names it; an error
+    that did not come from Ray is returned as it is."""
     if isinstance(error, RayActorError):
-        return WorkerCallError(f"{where}: the worker process died ({error})")
-    return error
+        named = WorkerCallError(f"{where}: the worker process died ({error})")
+    elif isinstance(error, RayTaskError):
+        cause = error.cause if isinstance(error.cause, BaseException) else error
+        named = WorkerCallError(f"{where} failed: {type(cause).__name__}: {cause}")
+    elif isinstance(error, RayError):
+        named = WorkerCallError(f"{where} failed: {type(error).__name__}: {error}")
+    else:
+        return error
+    named.__cause__ = error
+    return named
 
 
 def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: str | None = None) -> None:
@@ -270,7 +276,7 @@ class WorkerGroup(Generic[Worker]):
                 call = pending.pop(ref)
                 try:
                     results[ref] = ray.get(ref)
-                except (RayTaskError, RayActorError) as error:
+                except RayError as error:
                     raise named_worker_error(self._where(call), error) from error
         return [results[call.ref] for call in calls]
 

@@ -1,0 +1,69 @@
+"""A two-node Ray cluster on one machine (`ray.cluster_utils.Cluster`: a head and a worker node, one logical CPU
+each, both on 127.0.0.1), joined by a real `asyncppo train` through cluster.ray_address.
+
+The config puts the generator on a whole node of its own (generation.colocated.resources.num_nodes: 1), so the
+trainers take the other one: the run's placement.json must show exactly that, with weight sync crossing nodes.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def two_nodes() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
+    try:
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def _train(config: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ASYNCPPO_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(HERE)}  # the partial_credit reward
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "asyncppo", "train", str(config), *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_trainers_and_generator_on_separate_nodes_train_three_async_steps(
+    two_nodes: Any, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+):
+    tree = tiny_run_tree(data_dir, max_num_steps=3, val_at_end=False, async_ppo={"enabled": True})
+    tree["loss_fn"] = {"use_importance_sampling_correction": True}
+    tree["generation"]["colocated"] = {"enabled": False, "resources": {"num_nodes": 1, "gpus_per_node": 1}}
+    tree["cluster"].update(num_nodes=2, gpus_per_node=1, ray_address=two_nodes.address)
+    tree["logger"].update(log_dir=str(tmp_path / "run"), tensorboard_enabled=False)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tree))
+
+    result = _train(config, cache_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in metrics] == [1, 2, 3]
+    placement = json.loads((tmp_path / "run" / "placement.json").read_text())
+    nodes = {(record["role"], record["rank"]): record["node_id"] for record in placement}
+    assert sorted(nodes) == [("generator", 0), ("policy", 0), ("value", 0)]
+    cluster_nodes = {two_nodes.head_node.node_id} | {node.node_id for node in two_nodes.worker_nodes}
+    assert nodes[("policy", 0)] == nodes[("value", 0)] != nodes[("generator", 0)]
+    assert set(nodes.values()) == cluster_nodes
+    assert "placement: policy x1 on 127.0.0.1; value x1 on 127.0.0.1; generator x1 on 127.0.0.1" in result.stdout
