@@ -1,5 +1,7 @@
-"""Thin Ray shells: a local cluster bound to 127.0.0.1, one generic actor that hosts a plain worker object,
-and typed worker groups that fan a call out to every rank and gather the results.
+"""Thin Ray shells: a local cluster bound to 127.0.0.1 (or an existing cluster joined), one generic actor that
+hosts a plain worker object, and typed worker groups that fan a call out to every rank and gather the results.
+A group's hosts start in the device slots reserved for them (`reservations.py`); the ranks of a data-parallel
+group first join torch.distributed's default group, meeting at rank 0's node IP, then build their workers.
 
     driver --WorkerGroup.call_all(PolicyWorker.train, batch)--> WorkerHost(rank 0) --> PolicyWorker.train(batch)
                                                            +--> WorkerHost(rank 1) --> PolicyWorker.train(batch)
