@@ -54,7 +54,7 @@ def _replay_on_one_rank(config: RunConfig, recorded: list[Recorded]) -> tuple[li
     the policy after them."""
     paths = builders.ModelPaths.resolve(config)
     policy = builders.policy_factory(config, paths, "cpu", None)()
-    value = builders.value_factory(config, paths, "cpu")()
+    value = builders.value_factory(config, paths, "cpu")() if config.value is not None else None
     settings = builders.step_settings(config)
     return [ppo_step(settings, policy, value, batch, step).metrics for step, batch, _ in recorded], policy
 
@@ -68,13 +68,13 @@ def _assert_weights_match(checkpoint: Path, policy: PolicyWorker) -> None:
     assert worst <= TOLERANCE, worst
 
 
-def _assert_losses_match(recorded: list[Recorded], replayed: list[dict[str, float]]) -> None:
+def _assert_losses_match(recorded: list[Recorded], replayed: list[dict[str, float]], critic: bool = True) -> None:
     assert [step for step, _, _ in recorded] == list(range(len(replayed)))
     for (step, _, two_ranks), one_rank in zip(recorded, replayed, strict=True):
         keys = [
             key for key in one_rank if key.endswith(("loss", "grad_norm")) and key.startswith(("policy/", "critic/"))
         ]
-        assert {"policy/loss", "critic/loss"} <= set(keys)
+        assert {"policy/loss", "critic/loss"} <= set(keys) if critic else "policy/loss" in keys
         for key in keys:
             assert two_ranks[key] == pytest.approx(one_rank[key], abs=TOLERANCE, rel=TOLERANCE), (step, key)
 
@@ -115,6 +115,8 @@ def test_async_two_ranks_survive_a_killed_rank_and_resume_to_one_rank_losses(
     monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
     tree = _two_rank_tree(tiny_run_tree, data_dir, async_ppo={"enabled": True, "max_trajectory_age_steps": 1})
     tree["loss_fn"] = {"use_importance_sampling_correction": True}
+    # Policy ranks only (the sync test covers the critic's): each of the two starts is 4 processes instead of 6.
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
     config = validate_tree(tree)
     recorded: list[Recorded] = []
     killed: list[int] = []
@@ -138,7 +140,7 @@ def test_async_two_ranks_survive_a_killed_rank_and_resume_to_one_rank_losses(
     finally:
         run.close()
     replayed, policy = _replay_on_one_rank(config, recorded)
-    _assert_losses_match(recorded, replayed)
+    _assert_losses_match(recorded, replayed, critic=False)
     _assert_weights_match(tmp_path / "checkpoints" / "step_3" / "policy", policy)
     metrics = read_metrics_jsonl(tmp_path / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]

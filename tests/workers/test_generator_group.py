@@ -34,7 +34,9 @@ HOST = HostOptions(num_cpus=0, max_concurrency=8, torch_threads=1)
 def hosts(tiny_dir: Path) -> Iterator[list[object]]:
     """Three generator hosts, started together (in parallel) once for the module: ranks 0 and 1 of the group the
     routing tests share, and a spare that the dead-generator test kills."""
-    init_local_ray(num_cpus=2)  # joins the session's cluster when another test module started one
+    # As tests/integration/conftest.py (whichever module starts the session's cluster, the other joins it): the
+    # scale-out tests place 4 devices of one logical CPU each.
+    init_local_ray(num_cpus=4)
     factories = [
         functools.partial(load_generator_worker, str(tiny_dir), torch.float32, "cpu", ENGINE, rank) for rank in range(3)
     ]
