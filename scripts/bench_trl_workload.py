@@ -1,6 +1,6 @@
 """asyncppo on TRL's PPO benchmark workload, one GPU, colocated: seconds per PPO step and where they go.
 
-    python scripts/bench_trl_workload.py --model /tmp/qwen2.5-0.5b-random [--steps 6] [key=value ...]
+    python scripts/bench_trl_workload.py --model /tmp/qwen2.5-0.5b-random [--steps 6] [--run-dir DIR] [key=value ...]
 
 The workload of TRL's PPOTrainer benchmark: a random-weight Qwen2.5-0.5B-shaped policy in bf16, 64 prompts of
 exactly 256 tokens per step, exactly 512 sampled tokens each (generation.ignore_eos), GAE with a critic, a
@@ -49,9 +49,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="local model directory (scripts/make_random_model.py)")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--run-dir", type=Path, help="where the run's directory goes (default: a new temporary one)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="trl-workload-"))
+    work = args.run_dir or Path(tempfile.mkdtemp(prefix="trl-workload-"))
+    work.mkdir(parents=True, exist_ok=True)
     data = work / "prompts.jsonl"
     write_prompts(args.model, data, count=64 * args.steps, length=256)
     config = load_config(
