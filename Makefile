@@ -16,10 +16,16 @@ TEST_WORKERS ?= 2
 
 .PHONY: test test-unit demo lint format clean-venv
 
+# torch goes through pip, which reads the machine's pip configuration (a local CPU build, constraints, TORCH_INDEX).
+# The rest goes through uv when it installs and resolves (about 20 s against 1.5-2 min with pip on 2 cores; it keeps
+# the installed torch), with pip as the fallback. Bytecode is compiled at install, as pip does: otherwise every Ray
+# worker of the test suite would compile the same modules on first import.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_INDEX) "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_INDEX) -e ".[dev]"
+	( $(PY) -m pip install --quiet --disable-pip-version-check uv && \
+	  $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -e ".[dev]" ) || \
+	  $(PY) -m pip install --quiet --disable-pip-version-check $(PIP_INDEX) -e ".[dev]"
 	touch $(STAMP)
 
 test: $(STAMP)
