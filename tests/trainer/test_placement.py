@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from asyncppo.config import ConfigError, load_config
+from asyncppo.trainer.build import build_run
 from asyncppo.trainer.placement import Layout, check_device_fit, plan_layout
 
 DEMO = Path(__file__).parents[2] / "examples" / "configs" / "demo.yaml"  # non-colocated, one generator, a critic
@@ -91,3 +92,13 @@ def test_a_cpu_run_is_bounded_by_cluster_num_cpus_when_set():
 def test_colocated_generation_needs_only_the_trainers_device():
     config = load_config(DEMO, ["generation.colocated.enabled=true", "ppo.async_ppo.enabled=false"])
     assert check_device_fit(config, "cuda", visible_gpus=1).total == 1
+
+
+def test_the_build_refuses_a_misfit_before_ray_starts_or_anything_is_written(
+    ray_tripwire: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = load_config(DEMO, ["cluster.num_nodes=2", "cluster.gpus_per_node=2", "cluster.device=cpu"])
+    with pytest.raises(ConfigError, match=r"^cluster.num_nodes: 2 nodes need an existing Ray cluster"):
+        build_run(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

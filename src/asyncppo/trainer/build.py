@@ -71,10 +71,10 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
     check_supported(config)
     train_rows, validation_rows = checked.train_rows, checked.validation_rows
     resume = check_resume(config, run_dir)  # a config that breaks the checkpoint's run is refused here too
-    run_dir.mkdir(parents=True, exist_ok=True)
-    paths = builders.ModelPaths.resolve(config)
     device = builders.resolve_device(config)
     layout = check_device_fit(config, device, torch.cuda.device_count() if device == "cuda" else 0)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    paths = builders.ModelPaths.resolve(config)
     tokenizer = load_tokenizer(paths.tokenizer)
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
     engine = builders.engine_settings(config, eos, pad)
