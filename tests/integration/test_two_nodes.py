@@ -67,3 +67,15 @@ def test_trainers_and_generator_on_separate_nodes_train_three_async_steps(
     assert nodes[("policy", 0)] == nodes[("value", 0)] != nodes[("generator", 0)]
     assert set(nodes.values()) == cluster_nodes
     assert "placement: policy x1 on 127.0.0.1; value x1 on 127.0.0.1; generator x1 on 127.0.0.1" in result.stdout
+
+
+def test_a_run_without_an_address_starts_its_own_cluster_beside_a_running_one(two_nodes: Any):
+    # `ray start` (here: the two-node cluster) registers itself for `ray.init()` to join; a run without
+    # cluster.ray_address must start its own local cluster of the size it asks for instead.
+    script = "import ray; from asyncppo.workers.ray_host import init_local_ray; init_local_ray(num_cpus=3); "
+    script += "print(ray.cluster_resources()['CPU'], ray.get_runtime_context().gcs_address)"
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cpus, address = result.stdout.split()[-2:]
+    assert float(cpus) == 3.0 and address != two_nodes.address

@@ -79,6 +79,9 @@ def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: s
         ray.init(address=address, log_to_driver=True)
     else:
         ray.init(
+            # "local": always a new cluster of this run's own. Without it Ray joins any cluster that `ray start`
+            # left on this machine, and then refuses the sizes below.
+            address="local",
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             include_dashboard=False,
