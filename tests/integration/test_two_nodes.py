@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HERE = Path(__file__).parent
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_nodes() -> Iterator[Any]:
+    """One cluster for the module's tests (starting one costs several seconds); neither test changes it."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
