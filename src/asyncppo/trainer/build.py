@@ -36,10 +36,10 @@ from asyncppo.trainer.worker_start import (
     placement_summary,
     ray_start_options,
     start_workers,
-    stop_workers,
     write_placement,
 )
 from asyncppo.workers.ray_host import init_local_ray
+from asyncppo.workers.reservations import stop_workers
 
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
     pass

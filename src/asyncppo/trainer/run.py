@@ -41,7 +41,7 @@ from asyncppo.types import Trajectory
 from asyncppo.workers.generator_group import GeneratorGroup
 from asyncppo.workers.groups import PolicyGroup, ValueGroup, WeightSync
 from asyncppo.workers.ray_host import WorkerGroup
-from asyncppo.workers.reservations import Reservation
+from asyncppo.workers.reservations import Reservation, stop_workers
 
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
     from asyncppo.trainer.gym_setup import GymRollouts
@@ -231,7 +231,4 @@ class Run:
             if self.gym is not None:
                 self.gym.close()
         finally:
-            for group in self.groups:
-                group.kill()
-            for reservation in self.reservations:
-                reservation.release()
+            stop_workers(self.groups, self.reservations)

@@ -27,7 +27,7 @@ from asyncppo.trainer.run import WORKER_CALL_TIMEOUT_S
 from asyncppo.workers.generator_group import GeneratorGroup
 from asyncppo.workers.groups import PolicyGroup, ValueGroup, WeightSync
 from asyncppo.workers.ray_host import HostOptions, WorkerGroup
-from asyncppo.workers.reservations import DeviceResource, PlacementError, Reservation
+from asyncppo.workers.reservations import DeviceResource, PlacementError, Reservation, stop_workers
 
 PLACEMENT_TIMEOUT_S = 120.0
 """How long a reservation may wait for the cluster's devices before the run fails naming the numbers."""
@@ -44,14 +44,6 @@ class StartedWorkers:
     weight_sync: WeightSync | None
     groups: list[WorkerGroup[object]] = field(default_factory=list[WorkerGroup[object]])
     reservations: list[Reservation] = field(default_factory=list[Reservation])
-
-
-def stop_workers(groups: Sequence[WorkerGroup[object]], reservations: Sequence[Reservation]) -> None:
-    """End every host, then give the devices back."""
-    for group in groups:
-        group.kill()
-    for reservation in reservations:
-        reservation.release()
 
 
 def ray_start_options(config: RunConfig, layout: Layout, gpu: bool) -> dict[str, Any]:

@@ -9,12 +9,15 @@ once; one that fits the totals but cannot be placed (other jobs, fragmented node
 errors name what was asked and what the cluster has, instead of Ray waiting forever for the resources.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
 from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import placement_group, remove_placement_group
+
+from asyncppo.workers.ray_host import WorkerGroup
 
 DeviceResource = Literal["GPU", "CPU"]
 
@@ -69,3 +72,11 @@ class Reservation:
     def release(self) -> None:
         """Give the devices back (the workers placed on them must be ended first)."""
         remove_placement_group(self.placement)
+
+
+def stop_workers(groups: Sequence[WorkerGroup[object]], reservations: Sequence[Reservation]) -> None:
+    """End every host of `groups`, then give the devices of `reservations` back."""
+    for group in groups:
+        group.kill()
+    for reservation in reservations:
+        reservation.release()
