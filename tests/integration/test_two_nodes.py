@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from asyncppo.workers.ray_host import LOCAL_ONLY_ENV
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HERE = Path(__file__).parent
 
@@ -25,6 +27,9 @@ def two_nodes() -> Iterator[Any]:
     """One cluster for the module's tests (starting one costs several seconds); neither test changes it."""
     from ray.cluster_utils import Cluster
 
+    from asyncppo.workers.ray_host import keep_ray_on_loopback
+
+    keep_ray_on_loopback()  # both nodes on 127.0.0.1: Ray would put them on the machine's network IP
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
     try:
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
@@ -37,6 +42,7 @@ def two_nodes() -> Iterator[Any]:
 def _train(config: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ASYNCPPO_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(HERE)}  # the partial_credit reward
     env.pop("RAY_ADDRESS", None)
+    env.pop(LOCAL_ONLY_ENV, None)  # the driver joins as on a real cluster: Ray's local-only switch left off
     return subprocess.run(
         [sys.executable, "-m", "asyncppo", "train", str(config), *overrides],
         capture_output=True,

@@ -18,9 +18,8 @@ import signal
 import threading
 import time
 
-# Ray reads these at import: no usage reporting (no calls out of the machine), every worker's log lines shown
-# (not deduplicated across workers), and no multi-node cluster on Windows or macOS hosts.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Ray reads these at import: no usage reporting (no calls out of the machine) and every worker's log lines shown
+# (not deduplicated across workers).
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
@@ -29,15 +28,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
+import ray._private.ray_constants as ray_constants
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncppo.distributed.default_group import Rendezvous, join_default_group
+from asyncppo.distributed.process_group import is_loopback
 
 if TYPE_CHECKING:
     from asyncppo.workers.reservations import DeviceSlot
 
 LOCAL_HOST = "127.0.0.1"
+# Ray's switch between a machine-local cluster (every daemon and worker on 127.0.0.1) and one other machines may
+# join (the node's network IP, listening on all interfaces). Ray reads it when it is imported, in the driver and
+# in every worker process it starts.
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 Worker = TypeVar("Worker", covariant=True)
 Built = TypeVar("Built")
@@ -66,7 +71,9 @@ def named_worker_error(where: str, error: BaseException) -> BaseException:
 
 
 def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: str | None = None) -> None:
-    """Start (or join) Ray. A local cluster binds to 127.0.0.1 only and starts no dashboard.
+    """Start (or join) Ray. A local cluster binds to 127.0.0.1 only and starts no dashboard; a cluster joined at a
+    loopback address (`ray start --head --node-ip-address 127.0.0.1`) is looked for there, any other address as Ray
+    does.
 
     A SIGTERM or SIGINT handler the process installed before is put back afterwards: `ray.init` replaces the
     driver's SIGTERM handler with its own (one that tears the local cluster down and exits with status 1), which
@@ -75,6 +82,8 @@ def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: s
     if ray.is_initialized():
         return
     own_handlers = _own_signal_handlers()
+    if address is None or _is_loopback_address(address):
+        keep_ray_on_loopback()
     if address is not None:
         ray.init(address=address, log_to_driver=True)
     else:
@@ -92,6 +101,31 @@ def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: s
         )
     for signum, handler in own_handlers.items():
         signal.signal(signum, handler)
+    if address is None and not is_loopback(ray.util.get_node_ip_address()):
+        node_ip = ray.util.get_node_ip_address()
+        ray.shutdown()
+        raise RuntimeError(
+            f"the local Ray cluster came up on {node_ip}, not on {LOCAL_HOST}; nothing may listen beyond loopback"
+        )
+
+
+def _is_loopback_address(address: str) -> bool:
+    """Whether a cluster address (`host:port`) names this machine's loopback: a cluster started there with
+    `ray start --node-ip-address 127.0.0.1`, which Ray would otherwise look for at the machine's network IP."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return is_loopback(host)
+
+
+def keep_ray_on_loopback() -> None:
+    """Make the cluster about to start local to this machine, whenever Ray was imported.
+
+    Ray turns `_node_ip_address=127.0.0.1` into the machine's network IP (and its daemons and workers then listen on
+    all interfaces) unless its local-only switch is on. The switch is read once, when `ray` is imported: the
+    environment variable covers the worker processes the cluster starts, and the driver's copy, read when `ray`
+    was imported (perhaps before this module), is set here too.
+    """
+    os.environ[LOCAL_ONLY_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _own_signal_handlers() -> dict[int, Any]:
