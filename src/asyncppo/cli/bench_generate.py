@@ -9,15 +9,7 @@ Nothing is trained; the rows are printed as a Markdown table as they finish.
 import argparse
 import dataclasses
 
-import torch
-
 from asyncppo.config import ConfigError, load_config
-from asyncppo.generation.benchmark import HEADER, BenchCase, copy_bandwidth, format_row, run_case
-from asyncppo.generation.decoder_weights import DecoderWeights, UnsupportedModelError, decoder_shape
-from asyncppo.generation.engines import build_engine
-from asyncppo.models.policy import load_policy
-from asyncppo.models.tokenizer import load_tokenizer
-from asyncppo.trainer import builders
 
 
 def _int_list(text: str) -> list[int]:
@@ -46,6 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench_generate_command(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: every `asyncppo` command builds the parser from `add_arguments`, and torch
+    # with the engines takes ~7 s of CPU to import (`asyncppo config show` went from ~7 s to under 1 s).
+    import torch
+
+    from asyncppo.generation.benchmark import HEADER, BenchCase, copy_bandwidth, format_row, run_case
+    from asyncppo.generation.decoder_weights import DecoderWeights, UnsupportedModelError, decoder_shape
+    from asyncppo.generation.engines import build_engine
+    from asyncppo.models.policy import load_policy
+    from asyncppo.models.tokenizer import load_tokenizer
+    from asyncppo.trainer import builders
+
     config = load_config(args.config, args.overrides)
     backends = [name for name in args.backends.split(",") if name]
     if unknown := [name for name in backends if name not in ("graph", "hf")]:
