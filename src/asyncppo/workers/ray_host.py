@@ -101,8 +101,8 @@ def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: s
         )
     for signum, handler in own_handlers.items():
         signal.signal(signum, handler)
-    if address is None and not is_loopback(ray.util.get_node_ip_address()):
-        node_ip = ray.util.get_node_ip_address()
+    node_ip = ray.util.get_node_ip_address()
+    if address is None and not is_loopback(node_ip):
         ray.shutdown()
         raise RuntimeError(
             f"the local Ray cluster came up on {node_ip}, not on {LOCAL_HOST}; nothing may listen beyond loopback"
