@@ -251,22 +251,40 @@ class WorkerGroup(Generic[Worker]):
         data_parallel: a torch.distributed backend (`gloo`, `nccl`): with more than one factory the hosts first
         form one default process group, meeting at rank 0's node, so the workers shard their models over it.
         """
+        starting = WorkerGroup.launch(name, factories, options, timeout_s, slots, data_parallel)
+        wait_until_built([starting])
+        return starting.group
+
+    @staticmethod
+    def launch(
+        name: str,
+        factories: Sequence[Callable[[], Built]],
+        options: HostOptions,
+        timeout_s: float,
+        slots: Sequence["DeviceSlot"] | None = None,
+        data_parallel: str | None = None,
+    ) -> "StartingGroup[Built]":
+        """`start` without the wait: the hosts are started and their builds sent; `wait_until_built` waits for them.
+        Several groups launched before one wait build at the same time (a run's start-up is mostly imports and
+        model loading in each worker process, which need not take turns)."""
         if slots is not None and len(slots) != len(factories):
             raise ValueError(f"{name}: {len(factories)} workers but {len(slots)} placement slots")
         hosts = [start_host(options, None if slots is None else slots[rank]) for rank in range(len(factories))]
         group = WorkerGroup[Built](name, hosts, timeout_s)
-        rendezvous = None
-        if data_parallel is not None and len(factories) > 1:
-            host, port = group.rendezvous_address(0)
-            rendezvous = Rendezvous(host, port, len(factories), data_parallel, timeout_s)
-        # Every rank builds at once: the group's rendezvous waits for all of them.
-        group.gather(
-            [
+        try:
+            rendezvous = None
+            if data_parallel is not None and len(factories) > 1:
+                host, port = group.rendezvous_address(0)
+                rendezvous = Rendezvous(host, port, len(factories), data_parallel, timeout_s)
+            # Every rank builds at once: the group's rendezvous waits for all of them.
+            builds = [
                 PendingCall(host.build.remote(factory, rank, rendezvous), rank, "build")
                 for rank, (host, factory) in enumerate(zip(hosts, factories, strict=True))
             ]
-        )
-        return group
+        except BaseException:
+            group.kill()
+            raise
+        return StartingGroup(group, builds)
 
     def rendezvous_address(self, rank: int) -> tuple[str, int]:
         """`rank`'s node IP and a port free there: where a group whose rank 0 is that host can meet."""
@@ -303,23 +321,10 @@ class WorkerGroup(Generic[Worker]):
         raised at once, naming the group, rank and method, even while other ranks still wait for it in a
         collective; past the timeout the error names the first call still running."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        pending = {call.ref: call for call in calls}
-        results: dict[Any, Result] = {}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
-            if not done:
-                first = next(iter(pending.values()))
-                raise WorkerCallError(f"{self._where(first)} did not finish within {timeout:.0f} s")
-            for ref in done:
-                call = pending.pop(ref)
-                try:
-                    results[ref] = ray.get(ref)
-                except RayError as error:
-                    raise named_worker_error(self._where(call), error) from error
-        return [results[call.ref] for call in calls]
+        return _gather_named([(self, call) for call in calls], timeout)
 
-    def _where(self, call: PendingCall[Any]) -> str:
+    def where(self, call: PendingCall[Any]) -> str:
+        """The call as errors name it: `group[rank].method`."""
         return f"{self.name}[{call.rank}].{call.method}"
 
     def call_all(
@@ -342,3 +347,39 @@ class WorkerGroup(Generic[Worker]):
         """End every host process of the group."""
         for host in self.hosts:
             ray.kill(host)
+
+
+@dataclass(frozen=True)
+class StartingGroup(Generic[Built]):
+    """A group whose hosts are started and whose builds are running (`WorkerGroup.launch`)."""
+
+    group: WorkerGroup[Built]
+    builds: list[PendingCall[None]]
+
+
+def wait_until_built(starting: Sequence[StartingGroup[Any]]) -> None:
+    """Wait for the builds of every group in `starting`, which run at the same time; the first failure is raised at
+    once, naming its group and rank, and past the longest of the groups' timeouts the error names a build still
+    running. The caller ends the groups on failure."""
+    timeout = max((one.group.timeout_s for one in starting), default=0.0)
+    _gather_named([(one.group, call) for one in starting for call in one.builds], timeout)
+
+
+def _gather_named(calls: Sequence[tuple[WorkerGroup[Any], PendingCall[Any]]], timeout_s: float) -> list[Any]:
+    """The results of calls into one or more groups, in the order given; waits for them in the order they finish so
+    the first failure is raised at once, as a WorkerCallError naming `group[rank].method`."""
+    deadline = time.monotonic() + timeout_s
+    pending = {call.ref: (group, call) for group, call in calls}
+    results: dict[Any, Any] = {}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+        if not done:
+            group, first = next(iter(pending.values()))
+            raise WorkerCallError(f"{group.where(first)} did not finish within {timeout_s:.0f} s")
+        for ref in done:
+            group, call = pending.pop(ref)
+            try:
+                results[ref] = ray.get(ref)
+            except RayError as error:
+                raise named_worker_error(group.where(call), error) from error
+    return [results[call.ref] for _, call in calls]
