@@ -142,6 +142,9 @@ def test_the_async_demo_stopped_by_sigint_and_sigkill_loses_and_repeats_no_promp
             process.wait()
         assert _completed_steps(run_dir) < STEPS, "the run finished before it could be stopped; lower the waits"
 
+    # The last start only has to finish: a checkpoint at its end is enough (the run keeps its config history).
+    tree["checkpointing"]["save_period"] = STEPS
+    config.write_text(yaml.safe_dump(tree))
     process = _start(config, run_dir, cache_dir, log)
     try:
         assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
@@ -164,6 +167,8 @@ def test_the_async_demo_stopped_by_sigint_and_sigkill_loses_and_repeats_no_promp
     # Every drawn id is trained, dropped with a reason, or still waiting in the buffer / pending list.
     assert trained + dropped + len(books["buffered"]) + len(books["pending"]) == books["next_draw_id"]
     assert log.read_text().count("resumed from") == len(STOPS)
+    # The one change between starts (the last one's save period) is on record beside the run's first config.
+    assert [path.name.split("_")[0] for path in sorted((run_dir / "config_history").glob("*.yaml"))] == ["01"]
     _assert_report_written(run_dir, log.read_text(), runs=2)  # after SIGINT and after the last run
     printed = [line for line in log.read_text().splitlines() if line.startswith("accounting after step")]
     assert len(printed) == 1 and printed[0].startswith(f"accounting after step {STEPS}: "), printed
