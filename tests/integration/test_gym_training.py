@@ -147,7 +147,9 @@ def _multi_step_tree(**ppo: Any) -> dict[str, Any]:
 
 
 def _external_faulty_gym(tree: dict[str, Any], script: list[str]) -> tuple[Any, FaultyAgent]:
-    """Built-in servers started by the test against the policy server's fixed port, behind a faulty proxy."""
+    """Built-in servers started by the test against the policy server's fixed port, behind a faulty proxy. The run
+    has no critic: the faults are the gym client's to handle, and each start is one worker process fewer."""
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
     port = free_port()
     builtin = launch_builtin_gym(f"http://127.0.0.1:{port}/v1", resources=["math"], max_steps=1)
     proxy = FaultyAgent(builtin.agent_urls["math_simple_agent"], script)
