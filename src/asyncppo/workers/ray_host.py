@@ -269,9 +269,11 @@ class WorkerGroup(Generic[Worker]):
         model loading in each worker process, which need not take turns)."""
         if slots is not None and len(slots) != len(factories):
             raise ValueError(f"{name}: {len(factories)} workers but {len(slots)} placement slots")
-        hosts = [start_host(options, None if slots is None else slots[rank]) for rank in range(len(factories))]
-        group = WorkerGroup[Built](name, hosts, timeout_s)
+        group = WorkerGroup[Built](name, [], timeout_s)
         try:
+            # Appended one by one so a failure part-way ends the hosts already started.
+            for rank in range(len(factories)):
+                group.hosts.append(start_host(options, None if slots is None else slots[rank]))
             rendezvous = None
             if data_parallel is not None and len(factories) > 1:
                 host, port = group.rendezvous_address(0)
@@ -279,7 +281,7 @@ class WorkerGroup(Generic[Worker]):
             # Every rank builds at once: the group's rendezvous waits for all of them.
             builds = [
                 PendingCall(host.build.remote(factory, rank, rendezvous), rank, "build")
-                for rank, (host, factory) in enumerate(zip(hosts, factories, strict=True))
+                for rank, (host, factory) in enumerate(zip(group.hosts, factories, strict=True))
             ]
         except BaseException:
             group.kill()
