@@ -3,7 +3,7 @@
 # random-weight Qwen2.5-0.5B-shaped model, graph and hf engines side by side. Run from the repo root on the GPU
 # machine with Python 3.12 wheels of what it lacks (ray, pydantic, fastapi, torchdata, rich) in .whl/.
 # Writes logs to $OUT (default /tmp/asyncppo-engine). PROFILE=1 adds scripts/profile_decode.py at batch 256.
-# E2E=1 adds scripts/bench_trl_workload.py (TRL's PPO workload, colocated, 6 steps) and, when PEER_SCRIPT names
+# E2E=1 adds `asyncppo bench train --workload trl` (TRL's PPO workload, colocated, 6 steps) and, when PEER_SCRIPT names
 # TRL's PPOTrainer benchmark script, runs it on the same workload in the same call for the ratio.
 # GYM=1 adds 4 steps of the multi-turn gym demo (examples/configs/gym_multi_step.yaml) colocated on the GPU on the
 # graph engine, for its prefix-reuse counters. BENCH=0 skips `bench generate`.
@@ -43,8 +43,9 @@ if [ "${PROFILE:-0}" = 1 ]; then
   grep -v Loading "$OUT/profile.log" | head -120
 fi
 if [ "${E2E:-0}" = 1 ]; then
-  timeout "${E2E_TIMEOUT:-200}" python3 scripts/bench_trl_workload.py --model "$model" --steps 6 > "$OUT/trl_workload.log" 2>&1
-  echo "bench_trl_workload exit $?"; tail -14 "$OUT/trl_workload.log"
+  timeout "${E2E_TIMEOUT:-200}" python3 -m asyncppo.cli.main bench train --workload trl --model "$model" --steps 6 \
+    > "$OUT/trl_workload.log" 2>&1
+  echo "bench train --workload trl exit $?"; grep -v Loading "$OUT/trl_workload.log" | tail -32
   if [ -n "${PEER_SCRIPT:-}" ]; then
     timeout "${PEER_TIMEOUT:-200}" python3 "$PEER_SCRIPT" --shape 0.5b --batch 64 --micro 64 --ckpt on --updates 5 \
       --warmup 1 --budget 150 --out "$OUT" > "$OUT/peer.log" 2>&1

@@ -6,7 +6,7 @@
 # Logs and a summary go to $OUT (default /tmp/asyncppo-multi-gpu).
 #   1. >= 2 GPUs: scripts/bench_async.py, 0.5B shape, 1 generator + 1 trainer, 256 samples x (256 + up to 1024
 #      tokens, natural EOS), STEPS steps (default 30): sync vs async (drain), then sync vs async (in-flight).
-#   2. policy MFU (scripts/policy_mfu.py) on TRL's workload: 1 rank colocated for the 0.5B and 1.5B shapes (any GPU
+#   2. policy MFU (scripts/policy_mfu.py) on TRL's workload (`asyncppo bench train --workload trl`): 1 rank colocated for the 0.5B and 1.5B shapes (any GPU
 #      count); >= 4 GPUs: 2 trainer ranks (FSDP2) + 2 generators, same workload, and steps/s against 2 GPUs
 #      (1 trainer + 1 generator).
 #      >= 2 GPUs: scripts/bench_weight_sync.py over NCCL with the 1.5B shape's bf16 bytes (2944 MB).
@@ -51,19 +51,19 @@ fi
 # 2. policy MFU: 1 rank (colocated), then 2 ranks + 2 generators; weight sync of 1.5B
 for shape in 0.5b 1.5b; do
   model=/tmp/qwen2.5-$shape-random
-  timeout "${MFU_TIMEOUT:-240}" python3 scripts/bench_trl_workload.py --model "$model" --steps 5 \
+  timeout "${MFU_TIMEOUT:-240}" python3 -m asyncppo.cli.main bench train --workload trl --model "$model" --steps 5 \
     --run-dir "$OUT/mfu-1rank-$shape" > "$OUT/mfu-1rank-$shape.log" 2>&1
-  echo "== 1 rank, $shape: $(tail -2 "$OUT/mfu-1rank-$shape.log" | head -1)" >> "$OUT/summary.txt"
-  python3 scripts/policy_mfu.py "$OUT/mfu-1rank-$shape/run" --model "$model" --ranks 1 >> "$OUT/summary.txt" 2>&1
+  echo "== 1 rank, $shape: $(grep '^| later steps s' "$OUT/mfu-1rank-$shape.log")" >> "$OUT/summary.txt"
+  python3 scripts/policy_mfu.py "$OUT/mfu-1rank-$shape/packed" --model "$model" --ranks 1 >> "$OUT/summary.txt" 2>&1
 done
 if needs 4 "run 2, 2 trainer ranks + 2 generators"; then
   for layout in "2 1" "4 2"; do
     set -- $layout
-    python3 scripts/bench_trl_workload.py --model "$m15" --steps 8 --run-dir "$OUT/dp-$1gpus" \
+    python3 -m asyncppo.cli.main bench train --workload trl --model "$m15" --steps 8 --run-dir "$OUT/dp-$1gpus" \
       cluster.gpus_per_node="$1" generation.colocated.enabled=false generation.num_workers="$2" \
       > "$OUT/dp-$1gpus.log" 2>&1
-    echo "== $1 GPUs ($2 generators), 1.5b: $(tail -2 "$OUT/dp-$1gpus.log" | head -1)" >> "$OUT/summary.txt"
-    python3 scripts/policy_mfu.py "$OUT/dp-$1gpus/run" --model "$m15" --ranks $(($1 - $2)) >> "$OUT/summary.txt" 2>&1
+    echo "== $1 GPUs ($2 generators), 1.5b: $(grep '^| later steps s' "$OUT/dp-$1gpus.log")" >> "$OUT/summary.txt"
+    python3 scripts/policy_mfu.py "$OUT/dp-$1gpus/packed" --model "$m15" --ranks $(($1 - $2)) >> "$OUT/summary.txt" 2>&1
   done
 fi
 if needs 2 "weight sync of the 1.5B shape over NCCL"; then

@@ -1,13 +1,14 @@
 """Model FLOPs utilisation (MFU) of the policy's training pass, from a run directory's metrics.
 
-    python scripts/policy_mfu.py RUN_DIR --model MODEL_DIR [--ranks N] [--peak-tflops 989]
+    python scripts/policy_mfu.py RUN_DIR --model MODEL_DIR [--ranks N] [--peak-tflops 989] [--ppo-epochs 1]
 
-Per trained token the policy's update costs 6 N + 12 L H S FLOPs (forward and backward: N parameters, the tied
-output head counted once; the attention scores and values of L layers of width H over S positions, the PaLM
-paper's convention; activation recomputation not counted, so this is model, not hardware, utilisation). A step
-trains `train/num_samples` x `train/sequence_length_mean` tokens x `ppo.ppo_epochs` in `timing/policy_train`
-seconds on `--ranks` GPUs of `--peak-tflops` dense bf16 each (989 for an H100/H200 SXM). The first step (compile,
-allocations) is left out.
+Every run logs `perf/policy_train_mfu` per step (exact sequence lengths, the run's own peak: README, Performance
+metrics); this script recomputes it for another peak or rank count, and for runs from before `perf/*` existed. The
+FLOPs are `asyncppo.models.flops`' (training = 3 x forward, forward = 2 N L + attention over the causal triangle),
+with every sample at the step's `train/sequence_length_mean` (the metrics hold only the mean, so the attention term,
+quadratic in L, is slightly under-counted for ragged batches). A step trains `train/num_samples` sequences x
+`--ppo-epochs` in `timing/policy_train` seconds on `--ranks` GPUs of `--peak-tflops` dense bf16 each (989 for an
+H100/H200 SXM). The first step (compile, allocations) is left out.
 """
 
 import argparse
@@ -18,27 +19,16 @@ from pathlib import Path
 from transformers import AutoConfig
 
 from asyncppo.metrics import read_metrics_jsonl
-
-
-def flops_per_token(model_dir: str, sequence_length: float) -> float:
-    """6 N + 12 L H S: the training FLOPs of one token (see the module docstring)."""
-    config = AutoConfig.from_pretrained(model_dir)
-    hidden, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = hidden // heads
-    attention = hidden * head_dim * (heads + 2 * kv_heads) + heads * head_dim * hidden
-    mlp = 3 * hidden * config.intermediate_size
-    tied = getattr(config, "tie_word_embeddings", False)
-    parameters = layers * (attention + mlp) + vocab * hidden * (1 if tied else 2)
-    return 6 * parameters + 12 * layers * hidden * sequence_length
+from asyncppo.models.flops import DecoderShape, FlopCounter
 
 
 def policy_mfu(run_dir: Path, model_dir: str, ranks: int, peak_tflops: float, ppo_epochs: int) -> list[float]:
     """MFU of each step after the first, in step order."""
+    counter = FlopCounter.for_model(DecoderShape.from_config(AutoConfig.from_pretrained(model_dir)), "policy")
     values = []
     for record in read_metrics_jsonl(run_dir / "metrics.jsonl")[1:]:
-        tokens = record["train/num_samples"] * record["train/sequence_length_mean"] * ppo_epochs
-        flops = tokens * flops_per_token(model_dir, record["train/sequence_length_mean"])
+        lengths = [round(record["train/sequence_length_mean"])] * int(record["train/num_samples"])
+        flops = ppo_epochs * counter.training(lengths)
         values.append(flops / (record["timing/policy_train"] * ranks * peak_tflops * 1e12))
     return values
 

@@ -1,5 +1,5 @@
 """Fixtures shared by every test folder: one tiny model directory per session, one model cache shared by the
-session's parallel workers, one intra-op thread per test."""
+session's parallel workers, one local Ray cluster per session, one intra-op thread per test."""
 
 import os
 import sys
@@ -40,6 +40,19 @@ def shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = root / "asyncppo-cache"
     path.mkdir(exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray cluster on 127.0.0.1 for the whole session (starting one costs ~4 s), shared by every test that
+    runs workers through Ray (end-to-end runs, CLI benches); a CPU run places one worker per logical CPU."""
+    from asyncppo.workers.ray_host import init_local_ray
+
+    init_local_ray(num_cpus=4)  # logical CPUs: the scale-out tests place 2 trainer + 2 generator devices
+    yield
+    import ray
+
+    ray.shutdown()
 
 
 @pytest.fixture

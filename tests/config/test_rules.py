@@ -387,6 +387,13 @@ def test_gym_rollouts_need_top_k_zero_and_no_stop_token_ids(tree):
     assert validate_tree(tree).env.gym.resources == ["math"]
 
 
+def test_per_row_response_budgets_are_refused_with_the_gym(tree):
+    tree["data"]["max_new_tokens_key"] = "budget"
+    assert validate_tree(tree).data.max_new_tokens_key == "budget"  # reward-function rollouts read it
+    tree["env"] = {"should_use_nemo_gym": True}
+    assert _rejected(tree).startswith("data.max_new_tokens_key: must be null with env.should_use_nemo_gym")
+
+
 def test_external_gym_must_say_where_the_agents_are(tree):
     tree["env"] = {"should_use_nemo_gym": True, "gym": {"launch": "external"}}
     assert _rejected(tree).startswith("env.gym.head_server_url: launch: external needs exactly one of")

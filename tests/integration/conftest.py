@@ -1,25 +1,12 @@
-"""Shared pieces of the end-to-end tests: one local Ray cluster per session and a tiny-model run config."""
+"""Shared pieces of the end-to-end tests: a tiny-model run config (the session's Ray cluster is tests/conftest.py's)."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).parents[2]
-
-
-@pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A local Ray cluster on 127.0.0.1 for the whole session (starting one costs ~4 s); a CPU run places one
-    worker per logical CPU."""
-    from asyncppo.workers.ray_host import init_local_ray
-
-    init_local_ray(num_cpus=4)  # logical CPUs: the scale-out tests place 2 trainer + 2 generator devices
-    yield
-    import ray
-
-    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -182,7 +182,17 @@ def _assert_report_written(run_dir: Path, output: str, runs: int) -> None:
     assert output.count(f"report: {report}\n") == runs, output[-3000:]
     page = _SectionParser()
     page.feed(report.read_text(encoding="utf-8"))
-    assert page.anchors == ["reward", "validation", "critic", "mismatch", "policy", "async", "timing", "config"]
+    assert page.anchors == [
+        "reward",
+        "validation",
+        "critic",
+        "mismatch",
+        "policy",
+        "async",
+        "throughput",
+        "timing",
+        "config",
+    ]
     assert page.images and all(src.startswith("data:image/png;base64,") for src in page.images)
     assert "No async buffer" not in report.read_text()  # the async section has its plot
 

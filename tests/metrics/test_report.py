@@ -25,6 +25,7 @@ SECTION_HEADINGS = [
     "Train/inference mismatch",
     "Policy: KL and clipping",
     "Async buffer and staleness",
+    "Throughput",
     "Step time",
     "Config",
 ]
@@ -75,7 +76,7 @@ def _png_size(src: str) -> tuple[int, int]:
         return image.size
 
 
-def _step_metrics(step: int, async_run: bool) -> dict[str, float]:
+def _step_metrics(step: int, async_run: bool, perf: bool) -> dict[str, float]:
     reward = 0.55 + 0.03 * step
     metrics = {
         "train/reward_mean": reward,
@@ -111,6 +112,16 @@ def _step_metrics(step: int, async_run: bool) -> dict[str, float]:
         "timing/sync_bubble": 0.01,
         "timing/step": 1.8,
     }
+    if perf:  # as on a GPU of known peak; a CPU run logs only the padding ratio and the tokens per second
+        metrics |= {
+            "perf/policy_train_mfu": 0.31,
+            "perf/critic_train_mfu": 0.28,
+            "perf/logprobs_mfu": 0.2,
+            "perf/values_mfu": 0.19,
+            "perf/step_flops_utilization": 0.12,
+            "perf/padding_ratio": 1.2,
+            "perf/trained_tokens_per_s": 5400.0 + 10 * step,
+        }
     if step % VAL_PERIOD == 0:
         metrics |= {"val/reward_mean": reward, "val/num_samples": 256.0, "timing/validation": 0.25}
     if async_run:
@@ -130,12 +141,12 @@ def _step_metrics(step: int, async_run: bool) -> dict[str, float]:
     return metrics
 
 
-def _run_dir(root: Path, name: str, *, async_run: bool, lr: float = 0.0003) -> Path:
+def _run_dir(root: Path, name: str, *, async_run: bool, lr: float = 0.0003, perf: bool = True) -> Path:
     run_dir = root / name
     sink = JsonlSink(run_dir / "metrics.jsonl")
     sink.log(0, {"val/reward_mean": 0.55, "val/num_samples": 256.0})  # validation before the first step
     for step in range(1, STEPS + 1):
-        sink.log(step, _step_metrics(step, async_run))
+        sink.log(step, _step_metrics(step, async_run, perf))
     sink.close()
     (run_dir / "config.yaml").write_text(f"model:\n  optimizer:\n    lr: {lr}\nppo:\n  max_num_steps: {STEPS}\n")
     (run_dir / "plots").mkdir()
@@ -144,7 +155,7 @@ def _run_dir(root: Path, name: str, *, async_run: bool, lr: float = 0.0003) -> P
 
 
 def test_report_of_one_run_has_every_section_every_plot_a_png_and_absent_metrics_in_one_line(tmp_path):
-    run_dir = _run_dir(tmp_path, "sync-run", async_run=False)
+    run_dir = _run_dir(tmp_path, "sync-run", async_run=False, perf=False)  # a run from before perf/* existed
     path = write_report([run_dir])
     assert path == run_dir / "report.html"
     page = _parse(path)
@@ -158,7 +169,9 @@ def test_report_of_one_run_has_every_section_every_plot_a_png_and_absent_metrics
     absent = [line for line in text.splitlines() if "was logged" in line]
     assert absent == [
         "No async buffer and staleness metric was logged in this run (looked for async/buffer_size, "
-        "async/avg_policy_age, async/max_policy_age, async/avg_trajectory_age, ...)."
+        "async/avg_policy_age, async/max_policy_age, async/avg_trajectory_age, ...).",
+        "No throughput metric was logged in this run (looked for perf/policy_train_mfu, perf/critic_train_mfu, "
+        "perf/logprobs_mfu, perf/reference_logprobs_mfu, ...).",
     ]
     assert "lr: 0.0003" in text and "max_num_steps: 6" in text  # the config, as text
 
@@ -171,7 +184,7 @@ def test_report_of_two_runs_overlays_them_names_both_and_diffs_the_configs(tmp_p
     assert capsys.readouterr().out == f"{target}\n"
     page = _parse(target)
     assert page.headings == SECTION_HEADINGS
-    assert len(page.images) == 8 + 1  # every section plotted (async from the first run), a mismatch plot per run
+    assert len(page.images) == 9 + 1  # every section plotted (async from the first run), a mismatch plot per run
     for src in page.images:
         width, height = _png_size(src)
         assert width > 0 and height > 0

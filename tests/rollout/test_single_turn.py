@@ -186,3 +186,33 @@ def test_a_nan_reward_fails_the_rollout_naming_the_reward_function_and_the_row(
         RewardFunctionError, match=r"flaky_reward returned nan for row 1 \(prompt group 101, sample 0\)"
     ):
         rollouts(engine, tokenizer, ROWS, reward_fn=flaky_reward)
+
+
+def test_a_row_budget_field_sets_each_samples_max_new_tokens_capped_by_the_profile(
+    engine: HFGenerator, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    # ignore_eos: each response is exactly its budget. Row 0's one int covers its 3 samples; row 1 gives one
+    # budget per sample, and its 20 is capped at the profile's 12.
+    rows = [{**ROWS[0], "budget": 5}, {**ROWS[1], "budget": [3, 20, 7]}]
+    sampling = SamplingParams(temperature=TEMPERATURE, max_new_tokens=12, ignore_eos=True)
+    trajectories = rollouts(engine, tokenizer, rows, sampling=sampling, max_new_tokens_key="budget")
+    assert [t.num_generated_tokens for t in trajectories] == [5, 5, 5, 3, 12, 7]
+    assert all(t.truncated for t in trajectories)  # every one ended at its budget
+    assert trajectories[3].task == {"answer": "fine", "id": "b", "budget": [3, 20, 7]}  # the field stays a task field
+    assert engine.stats().num_batches == 1  # different budgets still share one batch
+
+
+@pytest.mark.parametrize(
+    ("budget", "shown"),
+    [(0, "0"), (True, "True"), ("8", "'8'"), (2.0, "2.0"), ([4, 4], r"\[4, 4\]"), ([4, -1, 4], r"\[4, -1, 4\]")],
+)
+def test_a_bad_row_budget_is_rejected_naming_the_row_the_key_and_the_value_before_generating(
+    engine: HFGenerator, tokenizer: PreTrainedTokenizerBase, budget: Any, shown: str
+) -> None:
+    rows = [{**ROWS[0], "budget": 4}, {**ROWS[1], "budget": budget}]
+    expected = rf"row 1 \(prompt group 101\): 'budget' \(data.max_new_tokens_key\) must be .* list of 3 .*got {shown}$"
+    with pytest.raises(ValueError, match=expected):
+        rollouts(engine, tokenizer, rows, max_new_tokens_key="budget")
+    with pytest.raises(ValueError, match=r"row 0 \(prompt group 100\) has no response budget field 'budget'"):
+        rollouts(engine, tokenizer, ROWS, max_new_tokens_key="budget")
+    assert engine.stats().num_requests == 0

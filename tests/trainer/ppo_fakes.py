@@ -50,13 +50,18 @@ _TREE: dict[str, Any] = {
 
 
 def settings_from_config(
-    estimator: Mapping[str, Any], ppo: Mapping[str, Any] | None = None, value_loss_fn: Mapping[str, Any] | None = None
+    estimator: Mapping[str, Any],
+    ppo: Mapping[str, Any] | None = None,
+    value_loss_fn: Mapping[str, Any] | None = None,
+    loss_fn: Mapping[str, Any] | None = None,
 ) -> StepSettings:
     """StepSettings the way the driver builds them: a config tree, validated, through `builders.step_settings`."""
     tree = copy.deepcopy(_TREE)
     tree["ppo"] |= {"adv_estimator": dict(estimator), **(ppo or {})}
     if value_loss_fn is not None:
         tree["value_loss_fn"] = dict(value_loss_fn)
+    if loss_fn:
+        tree["loss_fn"] = dict(loss_fn)
     return step_settings(validate_tree(tree))
 
 
@@ -154,6 +159,13 @@ class FakePolicy(PolicyModel):
         passes = len(self.log.of("policy.train"))
         self.log.calls.append(Call("policy.train", snapshot(batch)))
         return {"policy/loss": float(passes)}
+
+    def train_on_policy(self, batch: TrainBatch) -> tuple[dict[str, float], torch.Tensor]:
+        """A pass that scores its own old logprobs: the generation logprobs, as `logprobs` answers."""
+        assert batch.old_logprobs is None, "the step hands a fused pass no old logprobs"
+        passes = len(self.log.of("policy.train"))
+        self.log.calls.append(Call("policy.train", snapshot(batch)))
+        return {"policy/loss": float(passes)}, batch.generation_logprobs.clone()
 
 
 class FakeValue(ValueModel):

@@ -6,6 +6,7 @@ The models are fakes (`ppo_fakes`) that return fixed tensors and log a snapshot 
 settings come from a small config tree through `builders.step_settings`. Shapes: B rows, S positions.
 """
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from ppo_fakes import (
     trajectory,
 )
 
-from asyncppo.trainer.ppo_step import StepOutput, StepSettings, ppo_step
+from asyncppo.trainer.ppo_step import StepOutput, StepSettings, average_metrics, ppo_step
 from asyncppo.types import TrainBatch
 
 
@@ -240,8 +241,8 @@ def test_all_critic_passes_then_the_post_update_rescore_then_the_policy_passes(
     output, log = _run(settings, batch, _row_constant(ORDER_VALUES, batch.seq_len))
 
     # ppo_step's docstring: values (before any update), old logprobs, critic passes, policy passes; the
-    # optional forward-only re-score follows the last critic pass.
-    expected = ["value.values", "policy.logprobs"] + ["value.train"] * critic_passes
+    # optional forward-only re-score follows the last critic pass. One PPO epoch: the policy pass scores its own.
+    expected = ["value.values"] + ["policy.logprobs"] * (ppo_epochs > 1) + ["value.train"] * critic_passes
     expected += ["value.evaluate"] * post_update + ["policy.train"] * ppo_epochs
     assert log.labels == expected
 
@@ -272,6 +273,45 @@ def test_all_critic_passes_then_the_post_update_rescore_then_the_policy_passes(
         assert call.batch.advantages is not None and torch.equal(call.batch.advantages, first_advantages)
 
 
+@pytest.mark.parametrize(
+    ("ppo", "loss_fn", "fused"),
+    [
+        ({}, {}, True),
+        ({"ppo_epochs": 2}, {}, False),  # the second pass starts from updated weights
+        ({"seq_logprob_error_threshold": 2.0}, {}, False),  # masking needs them before the pass
+        (
+            {"skip_reference_policy_logprobs_calculation": False},
+            {"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.1},
+            False,  # the KL in the reward feeds the advantages
+        ),
+    ],
+)
+def test_one_epoch_over_one_global_batch_takes_old_logprobs_from_the_policy_pass(
+    ppo: dict[str, Any], loss_fn: dict[str, Any], fused: bool
+) -> None:
+    settings = settings_from_config(GAE, {"ppo_epochs": 1, **ppo}, loss_fn=loss_fn)
+    assert settings.old_logprobs_from_training is fused
+    batch = _order_batch()
+    output, log = _run(settings, batch, _row_constant(ORDER_VALUES, batch.seq_len))
+    assert ("policy.logprobs" in log.labels) is not fused
+    assert ("timing/logprobs" in output.metrics) is not fused
+    # Either way the step's batch carries the old logprobs (the fakes answer the generation logprobs) and the
+    # mismatch metrics are computed from them.
+    assert output.batch.old_logprobs is not None
+    assert torch.equal(output.batch.old_logprobs, batch.generation_logprobs)
+    assert output.metrics["mismatch/token_mult_prob_error"] == pytest.approx(1.0)
+    if fused:
+        assert all(call.batch.old_logprobs is None for call in log.of("policy.train"))
+
+
+def test_a_batch_over_one_global_batch_scores_old_logprobs_first() -> None:
+    settings = dataclasses.replace(settings_from_config(GAE, {"ppo_epochs": 1}), policy_global_batch_size=2)
+    batch = _order_batch()
+    assert len(batch) > 2
+    _, log = _run(settings, batch, _row_constant(ORDER_VALUES, batch.seq_len))
+    assert "policy.logprobs" in log.labels
+
+
 def test_explained_var_last_pass_is_the_last_critic_pass() -> None:
     settings = settings_from_config(GAE, {"ppo_epochs": 1, "critic_ppo_epochs": 3})
     batch = _order_batch()
@@ -285,7 +325,8 @@ def test_critic_warm_up_trains_the_critic_but_never_the_policy(step: int, policy
     batch = _order_batch()
     output, log = _run(settings, batch, _row_constant(ORDER_VALUES, batch.seq_len), step=step)
 
-    expected = ["value.values", "policy.logprobs", "value.train", "value.train"]
+    # A step that trains the policy (one epoch) takes the old logprobs from that pass; a warm-up step scores them.
+    expected = ["value.values"] + ["policy.logprobs"] * (not policy_trains) + ["value.train", "value.train"]
     assert log.labels == expected + ["policy.train"] * policy_trains
     assert output.policy_trained is policy_trains
     assert output.metrics["train/policy_trained"] == float(policy_trains)
@@ -372,3 +413,20 @@ def test_masked_sample_stays_out_of_the_advantage_whitening() -> None:
     _close(with_masked[0], torch.zeros(6))
     _close(with_masked[1:], without, atol=1e-5)
     assert without.abs().sum() > 1.0
+
+
+def test_token_counters_add_up_over_passes_while_other_metrics_average() -> None:
+    # Two policy passes of 30 computed / 24 real training tokens; the worker books the step's scoring forwards
+    # (old logprobs: 12 / 10) on its first train call only. Losses 1 and 3 average to 2.
+    passes = [
+        {"policy/loss": 1.0, "policy/tokens_computed": 30.0, "policy/tokens_real": 24.0},
+        {"policy/loss": 3.0, "policy/tokens_computed": 30.0, "policy/tokens_real": 24.0},
+    ]
+    passes[0] |= {"policy/scored_tokens_computed": 12.0, "policy/scored_tokens_real": 10.0}
+    assert average_metrics(passes) == {
+        "policy/loss": 2.0,
+        "policy/tokens_computed": 60.0,
+        "policy/tokens_real": 48.0,
+        "policy/scored_tokens_computed": 12.0,
+        "policy/scored_tokens_real": 10.0,
+    }

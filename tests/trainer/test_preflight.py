@@ -111,6 +111,17 @@ def test_a_row_without_the_prompt_field_names_the_key_and_the_fields_it_has(tmp_
     )
 
 
+def test_a_row_with_a_malformed_response_budget_names_the_row_and_the_value(tmp_path, capsys):
+    rows = [{**GOOD_ROWS[0], "budget": [3, 4]}, {**GOOD_ROWS[1], "budget": [3, 4, 5]}]  # 2 samples per prompt
+    tree = _tree(_write_rows(tmp_path / "train.jsonl", rows))
+    tree["data"]["max_new_tokens_key"] = "budget"
+    line = _only_error(capsys, _config(tmp_path, tree), tmp_path)
+    assert line == (
+        "error: data.max_new_tokens_key: training row 1: 'budget' (data.max_new_tokens_key) must be a positive int "
+        "or a list of 2 positive ints (one per sample), got [3, 4, 5]"
+    )
+
+
 def test_a_reward_function_with_the_wrong_signature_is_refused(tmp_path, capsys, fresh_modules):
     (tmp_path / "one_argument_reward.py").write_text("def reward(response_text):\n    return 1.0\n")
     data = _write_rows(tmp_path / "train.jsonl", GOOD_ROWS)

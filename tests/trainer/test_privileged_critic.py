@@ -93,6 +93,9 @@ class FakePolicy(PolicyModel):
         self.trained.append(batch)
         return {"policy/loss": 0.0}
 
+    def train_on_policy(self, batch: TrainBatch) -> tuple[dict[str, float], torch.Tensor]:
+        return self.train(batch), self.logprobs(batch)
+
 
 class FakeValue(ValueModel):
     """V = 0.01 * token id: the same number for a token in either layout, so a correct move changes nothing."""

@@ -2,7 +2,8 @@
 
 On CPU (gloo) always; on two GPUs (NCCL) under the `gpu` marker. The ranks get unequal micro-batch counts
 (token budget) and, in the remainder global batch, one rank has no row at all, so the loss-free padding
-micro-batches and the sum-reduced gradients are both exercised.
+micro-batches and the sum-reduced gradients are both exercised. The ranks pack their sequences; on CPU the single
+process also runs the padded layout: packing, sharding and a different micro-batch cut change nothing.
 """
 
 from pathlib import Path
@@ -23,13 +24,14 @@ LENGTHS = [8, 12, 10, 6, 12]  # global batches of 4: rows 0-3, then row 4 alone 
 WORLD_SIZE = 2
 
 
-def build_workers(model_dir: Path, device: str) -> tuple[PolicyWorker, ValueWorker]:
+def build_workers(model_dir: Path, device: str, packed: bool = True) -> tuple[PolicyWorker, ValueWorker]:
     # eps = 1: Adam's update stays proportional to the gradient, so summation-order noise is not amplified into
     # sign flips on near-zero gradients (as eps = 1e-8 would do over several steps).
     shared: dict[str, Any] = {
         "train_global_batch_size": 4,
         "max_tokens_per_microbatch": 20,
         "logprob_batch_size": 2,
+        "sequence_packing": packed,
         "optimizer": OptimizerConfig(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1.0),
     }
     policy = PolicyWorker(model_dir, device, policy_settings(**shared, keep_reference=True))
@@ -39,9 +41,9 @@ def build_workers(model_dir: Path, device: str) -> tuple[PolicyWorker, ValueWork
     return policy, value
 
 
-def run_steps(model_dir: Path, checkpoint_dir: Path, device: str) -> dict[str, Any]:
+def run_steps(model_dir: Path, checkpoint_dir: Path, device: str, packed: bool = True) -> dict[str, Any]:
     """Score, train, save, load, train again; everything a rank or the single process reports (on CPU)."""
-    policy, value = build_workers(model_dir, device)
+    policy, value = build_workers(model_dir, device, packed)
     batch = with_old_logprobs(policy, make_batch(LENGTHS))
     batch = batch.with_fields(values=value.values(batch), reference_logprobs=policy.reference_logprobs(batch))
     offsets = (torch.linspace(0.0, 1.0, len(LENGTHS)), torch.zeros(len(LENGTHS)))
@@ -54,6 +56,9 @@ def run_steps(model_dir: Path, checkpoint_dir: Path, device: str) -> dict[str, A
     result["policy_metrics_after_load"] = policy.train(batch)
     result["weights"] = {name: tensor.cpu().clone() for name, tensor in policy.named_weights()}
     result["logprobs"] = policy.logprobs(batch)
+    # One global batch (4 rows), old logprobs from the pass's own forwards, gathered from both ranks.
+    on_policy = batch.select([0, 1, 2, 3]).with_fields(old_logprobs=None)
+    result["on_policy_metrics"], result["on_policy_logprobs"] = policy.train_on_policy(on_policy)
     return result
 
 
@@ -74,16 +79,20 @@ def rank_main(rank: int, model_dir: Path, output_dir: Path, backend: str) -> Non
         dist.destroy_process_group()
 
 
-def check_two_ranks_match_one_process(model_dir: Path, output_dir: Path, backend: str, tolerance: float) -> None:
+def check_two_ranks_match_one_process(
+    model_dir: Path, output_dir: Path, backend: str, tolerance: float, single_packed: bool = True
+) -> None:
     mp.spawn(rank_main, args=(model_dir, output_dir, backend), nprocs=WORLD_SIZE)
     sharded = torch.load(output_dir / "rank0.pt", weights_only=True)
-    single = run_steps(model_dir, output_dir / "single", "cuda:0" if backend == "nccl" else "cpu")
+    single = run_steps(model_dir, output_dir / "single", "cuda:0" if backend == "nccl" else "cpu", single_packed)
 
-    for key in ("old_logprobs", "values", "logprobs"):
+    for key in ("old_logprobs", "values", "logprobs", "on_policy_logprobs"):
         torch.testing.assert_close(sharded[key], single[key], rtol=0, atol=tolerance, msg=key)
-    for key in ("policy_metrics", "critic_metrics", "critic_eval", "policy_metrics_after_load"):
+    for key in ("policy_metrics", "critic_metrics", "critic_eval", "policy_metrics_after_load", "on_policy_metrics"):
         assert sharded[key].keys() == single[key].keys()
         for name, value in single[key].items():
+            if name.endswith("tokens_computed") and not single_packed:
+                continue  # padding is what the packed ranks do not compute
             assert sharded[key][name] == pytest.approx(value, rel=10 * tolerance, abs=tolerance), f"{key}: {name}"
     assert single["policy_metrics"]["policy/num_optimizer_steps"] == 2
     assert sharded["weights"].keys() == single["weights"].keys()
@@ -95,8 +104,8 @@ def check_two_ranks_match_one_process(model_dir: Path, output_dir: Path, backend
 
 
 @pytest.mark.slow
-def test_two_fsdp_ranks_on_cpu_match_one_process(tiny_dir: Path, tmp_path: Path) -> None:
-    check_two_ranks_match_one_process(tiny_dir, tmp_path, "gloo", tolerance=1e-5)
+def test_two_packed_fsdp_ranks_on_cpu_match_one_padded_process(tiny_dir: Path, tmp_path: Path) -> None:
+    check_two_ranks_match_one_process(tiny_dir, tmp_path, "gloo", tolerance=1e-5, single_packed=False)
 
 
 @pytest.mark.gpu

@@ -5,8 +5,10 @@ import torch
 from worker_fakes import make_batch
 
 from asyncppo.workers.microbatches import (
+    TokenTally,
     global_batch_rows,
     microbatch_rows,
+    pack_by_token_sum,
     pack_by_tokens,
     row_lengths,
     shard_rows,
@@ -74,6 +76,29 @@ def test_split_microbatches_covers_each_row_once_in_order() -> None:
     by_tokens = split_microbatches(batch, 1, max_tokens_per_microbatch=15)
     assert [len(m) for m in by_tokens] == [1, 1, 2, 1]
     assert [m.seq_len for m in by_tokens] == [6, 8, 7, 8]
+
+
+def test_a_real_token_budget_packs_more_rows_than_a_padded_one() -> None:
+    # Budget 15 over lengths 6 8 7 5 8, summing real tokens: 6 + 8 = 14, + 7 > 15 closes; 7 + 5 = 12, + 8 > 15
+    # closes; [8]. The padded budget cut the same rows into four micro-batches (rows x longest row).
+    lengths = [6, 8, 7, 5, 8]
+    assert pack_by_token_sum(lengths, 15) == [[0, 1], [2, 3], [4]]
+    assert microbatch_rows([10, 11, 12, 13, 14], [0] * 10 + lengths, 1, 15, packed=True) == [[10, 11], [12, 13], [14]]
+    assert pack_by_token_sum([20, 3], 15) == [[0], [1]]  # a row over the budget runs alone
+    with pytest.raises(ValueError, match="max_tokens_per_microbatch"):
+        pack_by_token_sum(lengths, 0)
+
+
+def test_token_tally_counts_padding_and_stand_ins() -> None:
+    # Rows of 3 and 1 real tokens in 4 columns: padded computes 2 x 4 = 8 positions, packed the 4 real ones; a
+    # stand-in micro-batch computes without adding real tokens.
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    tally = TokenTally()
+    tally.add(mask, packed=False)
+    tally.add(mask, packed=True)
+    tally.add(mask, packed=True, stand_in=True)
+    assert tally.take() == (8 + 4 + 4, 4 + 4)
+    assert tally.take() == (0, 0)
 
 
 def test_a_loss_free_copy_zeroes_every_mask() -> None:

@@ -50,11 +50,46 @@ def test_micro_batch_split_does_not_change_the_update(make_policy: MakePolicy) -
     reference.train(batch)
     expected = weights_of(reference.model)
     assert max((expected[name] - before[name]).abs().max().item() for name in before) > 1e-3
-    for split in ({"train_micro_batch_size": 1}, {"train_micro_batch_size": 4}, {"max_tokens_per_microbatch": 20}):
+    # The reference packs its rows; the padded layout and every cut must give the same update.
+    splits = [
+        {"train_micro_batch_size": 1},
+        {"train_micro_batch_size": 4},
+        {"max_tokens_per_microbatch": 20},
+        {"sequence_packing": False},
+        {"sequence_packing": False, "max_tokens_per_microbatch": 20},
+    ]
+    for split in splits:
         worker = make_policy(optimizer=optimizer, max_grad_norm=None, **split)
         worker.train(batch)
         for name, tensor in weights_of(worker.model).items():
             torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-5, msg=f"{split}: {name}")
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_train_on_policy_equals_scoring_then_training(make_policy: MakePolicy, packed: bool) -> None:
+    # One global batch (train_global_batch_size None), several micro-batches: the forwards of the pass see the same
+    # weights, so their logprobs are the old logprobs a scoring pass gives, and the update is the same.
+    optimizer = OptimizerConfig(lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1.0)
+    scored_first = make_policy(optimizer=optimizer, max_grad_norm=None, sequence_packing=packed)
+    fused = make_policy(optimizer=optimizer, max_grad_norm=None, sequence_packing=packed, train_micro_batch_size=4)
+    batch = with_old_logprobs(scored_first, make_batch(LENGTHS))
+    expected_metrics = scored_first.train(batch)
+    metrics, old_logprobs = fused.train_on_policy(batch.with_fields(old_logprobs=None))
+    assert batch.old_logprobs is not None
+    torch.testing.assert_close(old_logprobs, batch.old_logprobs, rtol=0, atol=1e-6)
+    for name, value in expected_metrics.items():
+        if "tokens" not in name:  # the fused worker scored nothing and cut other micro-batches
+            assert metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    assert metrics["policy/scored_tokens_real"] == 0 and metrics["policy/tokens_real"] == sum(LENGTHS)
+    expected = weights_of(scored_first.model)
+    for name, tensor in weights_of(fused.model).items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_train_on_policy_refuses_a_pass_of_several_optimizer_steps(make_policy: MakePolicy) -> None:
+    worker = make_policy(train_global_batch_size=2)
+    with pytest.raises(ValueError, match="one global batch"):
+        worker.train_on_policy(make_batch(LENGTHS))
 
 
 def test_one_optimizer_step_per_global_batch_including_the_remainder(make_policy: MakePolicy) -> None:

@@ -70,6 +70,7 @@ def policy_settings(**overrides: Any) -> PolicyWorkerSettings:
         train_global_batch_size=None,
         train_micro_batch_size=2,
         max_tokens_per_microbatch=None,
+        sequence_packing=True,
         logprob_batch_size=3,
         activation_checkpointing=False,
         temperature=1.0,

@@ -6,6 +6,7 @@
     asyncppo train CONFIG [key=value ...]         train (see cli/train.py); a NeMo-RL config is ported first
     asyncppo gym serve CONFIG [key=value ...]     serve the policy and the built-in gym (see cli/gym_serve.py)
     asyncppo bench generate CONFIG [key=value ...]  time generation alone (see cli/bench_generate.py)
+    asyncppo bench train --workload NAME --model DIR  train a named workload briefly (see cli/bench_train.py)
     asyncppo report RUN_DIR [RUN_DIR_B] [-o PATH]   write the run's HTML report; two runs are overlaid
     asyncppo critic collect|pretrain CONFIG [key=value ...]  offline critic pretraining (see cli/critic.py)
 
@@ -95,6 +96,13 @@ def _build_parser() -> argparse.ArgumentParser:
     from asyncppo.cli.bench_generate import add_arguments
 
     add_arguments(generate)
+    bench_train = bench_commands.add_parser(
+        "train",
+        help="train a named workload (trl, longtail) for a few steps: phases, tokens/s, MFU, mismatch, memory",
+    )
+    from asyncppo.cli.bench_train import add_arguments as add_bench_train_arguments
+
+    add_bench_train_arguments(bench_train)
 
     report = commands.add_parser(
         "report",
@@ -143,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from asyncppo.cli.gym_serve import run_gym_serve_command
 
             return run_gym_serve_command(args)
+        if args.command == "bench" and args.bench_command == "train":
+            from asyncppo.cli.bench_train import run_bench_train_command
+
+            return run_bench_train_command(args)
         if args.command == "bench":
             from asyncppo.cli.bench_generate import run_bench_generate_command
 

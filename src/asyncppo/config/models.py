@@ -52,7 +52,13 @@ class TrainedModelConfig(Section):
     train_micro_batch_size: PositiveInt
     """Samples per forward/backward micro-batch (gradients accumulate up to the global batch)."""
     max_tokens_per_microbatch: PositiveInt | None = None
-    """Token budget per micro-batch; when set, micro-batches are packed by tokens instead of by count."""
+    """Token budget per micro-batch; when set, micro-batches are cut by tokens instead of by count: real tokens
+    with sequence_packing, rows x longest row without."""
+    sequence_packing: bool | Literal["auto"] = "auto"
+    """Run each micro-batch's sequences back to back as one packed row: no padding reaches the model, attention
+    stays within each sequence and positions restart per sequence (FlashAttention varlen kernels). `auto` = on
+    CUDA devices (on CPU the padded layout is faster: there is no varlen kernel, attention runs per sequence);
+    true = on every device; false = the padded layout (rows x longest row), kept for comparison."""
     logprob_batch_size: PositiveInt | None = None
     """Samples per forward pass when scoring without gradients; null = train_micro_batch_size."""
     max_total_sequence_length: PositiveInt = 2048

@@ -4,7 +4,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Self
 
-from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from asyncppo.config.base import RuleError, Section
 
@@ -29,6 +29,13 @@ class DataConfig(Section):
     model.max_total_sequence_length - generation.max_new_tokens."""
     shuffle: bool = True
     """Shuffle training rows each epoch (seeded by ppo.seed)."""
+    max_new_tokens_key: str | None = None
+    """Row field holding each row's response token budget: one int for every sample of the row, or a list of one
+    int per sample (ppo.num_generations_per_prompt long for training rows, ppo.val_num_generations_per_prompt for
+    validation rows). A sample generates at most min(its budget, generation.max_new_tokens) tokens; every row
+    must have the field (a missing or malformed one is an error naming the row). The field stays in the row the
+    reward function sees. Reward-function (single-turn) rollouts only: gym runs refuse it. null = every sample
+    gets generation.max_new_tokens."""
 
 
 class GenerationResourcesConfig(Section):
@@ -322,6 +329,10 @@ class ClusterConfig(Section):
 
     num_cpus: PositiveInt | None = None
     """CPUs given to a local Ray cluster; null = all."""
+    peak_tflops: PositiveFloat | None = None
+    """Per-device dense TFLOP/s of the training precision, overriding the table of known GPUs (README, Performance
+    metrics) that the `perf/*_mfu` metrics and `perf/step_flops_utilization` divide by; null = the table's entry for
+    the driver's GPU (none on CPU, for an unknown GPU or with float32 training: those metrics are then not logged)."""
 
 
 # What checkpointing.metric_name may rank by: every metric the driver logs under val/ (trainer/run.py, Run.validate)

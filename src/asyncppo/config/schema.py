@@ -144,6 +144,12 @@ class RunConfig(Section):
                 "must be null with env.should_use_nemo_gym: gym rollouts stop on the chat template's end-of-turn "
                 "token, and agents never send stop sequences",
             )
+        if self.data.max_new_tokens_key is not None:
+            raise RuleError(
+                "data.max_new_tokens_key",
+                "must be null with env.should_use_nemo_gym: per-row response budgets apply to reward-function "
+                "rollouts only (gym agents ask the policy server for their own max_output_tokens)",
+            )
 
     def _check_critic(self) -> None:
         estimator = self.ppo.adv_estimator

@@ -118,6 +118,30 @@ SECTIONS = (
         ),
         other_keys_under="async/",
     ),
+    Section(
+        "Throughput",
+        "throughput",
+        "Model FLOPs utilisation: each phase's model FLOPs / (its seconds x its devices x the peak per device), and "
+        "the whole step's over every device (GPUs of a known peak, or cluster.peak_tflops; the formula is in the "
+        "README's Performance metrics); the padding ratio (tokens the trainers computed / real tokens, 1 = no "
+        "waste); real tokens trained per second.",
+        (
+            Panel(
+                "model FLOPs utilisation",
+                (
+                    "perf/policy_train_mfu",
+                    "perf/critic_train_mfu",
+                    "perf/logprobs_mfu",
+                    "perf/reference_logprobs_mfu",
+                    "perf/values_mfu",
+                    "perf/step_flops_utilization",
+                ),
+            ),
+            Panel("perf/padding_ratio", ("perf/padding_ratio",)),
+            Panel("perf/trained_tokens_per_s", ("perf/trained_tokens_per_s",)),
+        ),
+        other_keys_under="perf/",
+    ),
 )
 
 TIMING_PREFIX = "timing/"

@@ -1,13 +1,17 @@
 """The transformer trunk of a Hugging Face model, run once per batch to get per-position hidden states.
 
 Shared by `policy.token_logprobs` (output head applied in chunks) and `value.values` (scalar head applied
-per position). Letters: B batch, S sequence, H hidden size.
+per position), in the padded layout ([B, S]) or the packed one (`models/packing.py`). Letters: B batch,
+S sequence, H hidden size, T packed tokens.
 """
 
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedModel
+
+from asyncppo.models.packing import PackedRows
+from asyncppo.models.varlen_attention import PACKED_ATTENTION
 
 TRAINING_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """Attention kernels the trainer's forward and backward may use, in priority order (never cuDNN)."""
@@ -49,3 +53,31 @@ def last_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor, attentio
             use_cache=False,
         )
     return outputs.last_hidden_state
+
+
+# A prepared 4-D mask is passed through by transformers' mask builders untouched; the packed attention ignores it.
+# Passing one keeps transformers from building a [T, T] block mask out of the restarting position ids.
+_NO_MASK = torch.zeros(1, 1, 0, 0, dtype=torch.bool)
+
+
+def packed_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor, packed: PackedRows) -> torch.Tensor:
+    """[T, H] final hidden states of the packed real tokens of `input_ids` [B, S] (see `models/packing.py`).
+
+    Needs the model switched by `varlen_attention.use_packed_attention`: each sequence attends only to itself.
+    """
+    if model.config._attn_implementation != PACKED_ATTENTION:
+        raise ValueError(
+            f"packed forward on a model using {model.config._attn_implementation!r} attention; "
+            "call varlen_attention.use_packed_attention(model) first"
+        )
+    outputs = get_backbone(model)(
+        input_ids=packed.gather(input_ids).unsqueeze(0),
+        attention_mask=_NO_MASK.to(input_ids.device),
+        position_ids=packed.position_ids.unsqueeze(0),
+        use_cache=False,
+        cu_seq_lens_q=packed.cu_seq_lens,
+        cu_seq_lens_k=packed.cu_seq_lens,
+        max_length_q=packed.max_length,
+        max_length_k=packed.max_length,
+    )
+    return outputs.last_hidden_state.squeeze(0)

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from asyncppo.models.backbone import last_hidden_states
+from asyncppo.models.backbone import last_hidden_states, packed_hidden_states
 from asyncppo.models.model_directory import require_model_directory
+from asyncppo.models.output_head import head_token_logprobs
+from asyncppo.models.packing import pack_rows
 
 # Config fields of output-head transforms that token_logprobs does not reproduce, with the value at which
 # each is a no-op. Computing logprobs without them would disagree with the model's own forward.
@@ -51,13 +52,14 @@ def _reject_unsupported_logit_transforms(config: PretrainedConfig) -> None:
                 )
 
 
-def _chunk_token_logprobs(
-    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+def _head_logprobs(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size: int
 ) -> torch.Tensor:
-    """[C] log softmax(head(hidden) / temperature)[target] in fp32 for C positions; peak memory C x V fp32."""
-    logits = head(hidden).float() / temperature
-    # logit[target] - logsumexp(logits) equals log_softmax(...)[target] but keeps no C x V output for backward.
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    """[N] fp32 log softmax(head(hidden) / temperature)[targets] over N positions (`output_head`, chunked)."""
+    weight = getattr(head, "weight", None)
+    if not isinstance(head, nn.Linear) or not isinstance(weight, torch.Tensor):
+        raise ValueError(f"the output head is a {type(head).__name__}; token_logprobs needs a linear head")
+    return head_token_logprobs(hidden, weight, head.bias, targets, temperature, chunk_size)
 
 
 def token_logprobs(
@@ -66,6 +68,7 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     temperature: float,
     chunk_size: int = 1024,
+    packed: bool = False,
 ) -> torch.Tensor:
     """[B, S] fp32 log-probability of each token given the tokens before it.
 
@@ -77,11 +80,15 @@ def token_logprobs(
 
     Inputs: input_ids [B, S] long, attention_mask [B, S] (1 = real token; left or right padding).
 
-    Memory: the backbone runs once to get hidden states [B, S, H]; the output head, the division by
-    temperature, the fp32 log-softmax and the gather then run over `chunk_size` of the B * (S - 1)
-    predicting positions at a time, so the full [B, S, V] fp32 logits never exist. With autograd on, each
-    chunk is checkpointed: backward recomputes one chunk's logits at a time instead of keeping them all.
-    The head runs in the model's dtype and its output is cast to fp32, as the hf generator does.
+    packed: run the backbone over the real tokens only, back to back (`models/packing.py`; the model must use
+    `varlen_attention.use_packed_attention`); the output is the same [B, S] layout. For right-padded rows (the
+    trainer's) both layouts compute the same numbers up to float rounding.
+
+    Memory: the backbone runs once to get hidden states; the output head, the division by temperature, the fp32
+    log-softmax and the gather then run over `chunk_size` predicting positions at a time, so the full [B, S, V]
+    fp32 logits never exist (`models/output_head.py`: its backward recomputes one chunk's logits at a time and
+    forms their gradient in place). The head runs in the model's dtype and its output is cast to fp32, as the hf
+    generator does.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -94,17 +101,19 @@ def token_logprobs(
     if not isinstance(head, nn.Module):
         raise ValueError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None)")
 
+    if packed:
+        rows = pack_rows(attention_mask)
+        if rows.num_tokens == 0:
+            return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        hidden = packed_hidden_states(model, input_ids, rows)  # [T, H]: packed token j-1 predicts token j
+        logprobs = _head_logprobs(head, hidden[:-1], rows.gather(input_ids)[1:], temperature, chunk_size)
+        logprobs = torch.nn.functional.pad(logprobs, (1, 0))
+        return rows.scatter(torch.where(rows.sequence_starts(), torch.zeros_like(logprobs), logprobs))
+
     batch_size, seq_len = input_ids.shape
     hidden = last_hidden_states(model, input_ids, attention_mask)
     predicting = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # [B * (S-1), H]: position t-1 predicts token t
     targets = input_ids[:, 1:].reshape(-1)
-    chunks = []
-    for start in range(0, predicting.shape[0], chunk_size):
-        args = (head, predicting[start : start + chunk_size], targets[start : start + chunk_size], temperature)
-        if torch.is_grad_enabled():
-            chunks.append(checkpoint(_chunk_token_logprobs, *args, use_reentrant=False))
-        else:
-            chunks.append(_chunk_token_logprobs(*args))
-    shifted = torch.cat(chunks) if chunks else hidden.new_zeros(0, dtype=torch.float32)
+    shifted = _head_logprobs(head, predicting, targets, temperature, chunk_size)
     logprobs = torch.nn.functional.pad(shifted.view(batch_size, seq_len - 1), (1, 0))
     return torch.where(attention_mask.bool(), logprobs, torch.zeros_like(logprobs))

@@ -20,8 +20,9 @@ from transformers import (
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
 
-from asyncppo.models.backbone import last_hidden_states
+from asyncppo.models.backbone import last_hidden_states, packed_hidden_states
 from asyncppo.models.model_directory import require_model_directory
+from asyncppo.models.packing import pack_rows
 
 # transformers logs a load report at warning level whenever a weight is missing. A critic built on a causal LM
 # always lacks its head, so every run printed "score.weight | MISSING ... Consider training on your downstream
@@ -114,16 +115,26 @@ def value_head(model: PreTrainedModel) -> nn.Module:
     return head
 
 
-def values(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def values(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False
+) -> torch.Tensor:
     """[B, S] fp32 values, right-shifted: values[:, t] = V(state before token t).
 
     values[:, 0] = 0 and values[:, t] = head(h[:, t-1]) for t >= 1, where h [B, S, H] are the backbone's
     last hidden states; positions where attention_mask is 0 also hold 0. The backbone runs once for all
     positions (the classification forward would pool one position per row). The head runs in the model's
-    dtype and its output is cast to fp32.
+    dtype and its output is cast to fp32. packed: the backbone runs over the real tokens only, back to back, as
+    in `policy.token_logprobs`; same output layout.
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be [B, S] with S >= 1, got {tuple(input_ids.shape)}")
+    if packed:
+        rows = pack_rows(attention_mask)
+        if rows.num_tokens == 0:
+            return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        hidden = packed_hidden_states(model, input_ids, rows)  # [T, H]: the state before packed token j is h[j-1]
+        scores = torch.nn.functional.pad(value_head(model)(hidden[:-1]).float().squeeze(-1), (1, 0))
+        return rows.scatter(torch.where(rows.sequence_starts(), torch.zeros_like(scores), scores))
     hidden = last_hidden_states(model, input_ids, attention_mask)
     scores = value_head(model)(hidden[:, :-1]).float().squeeze(-1)  # [B, S-1]: state before token t is h[t-1]
     shifted = torch.nn.functional.pad(scores, (1, 0))

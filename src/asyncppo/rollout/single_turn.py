@@ -3,8 +3,10 @@
 Called by the sync batch source and the async collector (one call per prompt group or per step).
 
     rows --chat template--> prompt ids --Generator (G x rows requests at once)--> results --reward_fn--> Trajectories
+         --max_new_tokens_key (optional)--> each request's own token budget
 """
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, cast, get_args
 
@@ -77,17 +79,20 @@ def run_single_turn_rollouts(
     prompt_key: str,
     messages_key: str,
     max_prompt_tokens: int,
+    max_new_tokens_key: str | None = None,
 ) -> list[Trajectory]:
     """G = num_generations_per_prompt Trajectories per row, row-major: row i's sample j is at i * G + j.
 
-    Row i gets group_id = group_id_start + i. Every prompt is rendered and length-checked before anything is
-    submitted; then all requests go to the generator in one `generate` call so they can share batches. The
-    reward is reward_fn(response text decoded without special tokens, row); task = the row minus the
-    prompt/messages field.
+    Row i gets group_id = group_id_start + i. Every prompt is rendered and length-checked (and its response
+    budgets read) before anything is submitted; then all requests go to the generator in one `generate` call so
+    they can share batches. With `max_new_tokens_key`, sample j of row i generates at most
+    min(row_token_budgets(...)[j], sampling.max_new_tokens) tokens. The reward is reward_fn(response text decoded
+    without special tokens, row); task = the row minus the prompt/messages field (a budget field stays in it).
     """
     if num_generations_per_prompt < 1:
         raise ValueError(f"num_generations_per_prompt must be >= 1, got {num_generations_per_prompt}")
     rendered = []
+    budgets: list[int] = []
     for index, row in enumerate(rows):
         messages = prompt_messages(
             row, index, system_prompt=system_prompt, prompt_key=prompt_key, messages_key=messages_key
@@ -98,13 +103,19 @@ def run_single_turn_rollouts(
                 f"row {index}: the prompt has {len(prompt_ids)} tokens, over max_prompt_tokens={max_prompt_tokens}"
             )
         rendered.append((prompt_ids, spans))
+        if max_new_tokens_key is None:
+            budgets.extend([sampling.max_new_tokens] * num_generations_per_prompt)
+        else:
+            where = f"row {index} (prompt group {group_id_start + index})"
+            row_budgets = row_token_budgets(row, where, max_new_tokens_key, num_generations_per_prompt)
+            budgets.extend(min(budget, sampling.max_new_tokens) for budget in row_budgets)
 
     # One generate call queues every request together, so the engine can decode them in shared batches.
+    prompts = [prompt_ids for prompt_ids, _ in rendered for _ in range(num_generations_per_prompt)]
     results = generator.generate(
         [
-            GenerationRequest(tuple(prompt_ids), sampling)
-            for prompt_ids, _ in rendered
-            for _ in range(num_generations_per_prompt)
+            GenerationRequest(tuple(prompt_ids), _with_budget(sampling, budget))
+            for prompt_ids, budget in zip(prompts, budgets, strict=True)
         ]
     )
 
@@ -120,6 +131,33 @@ def run_single_turn_rollouts(
             reward = checked_reward(reward_fn, response_text, row, where)
             trajectories.append(_trajectory(prompt_ids, spans, result, reward, task, group_id, sample_index))
     return trajectories
+
+
+def row_token_budgets(row: Mapping[str, Any], where: str, key: str, num_generations: int) -> list[int]:
+    """The response token budget of each of the row's `num_generations` samples, from its field `key`: one int
+    for every sample or a list of `num_generations` ints, one per sample. ValueError naming `where` (the row),
+    the key and the value when the field is missing or not positive ints of the right count."""
+    if key not in row:
+        raise ValueError(
+            f"{where} has no response budget field {key!r} (data.max_new_tokens_key); its keys are {sorted(row)}"
+        )
+    value = row[key]
+    budgets = cast(list[Any], value) if isinstance(value, list) else [value] * num_generations
+    # bool is an int subclass; `true` as a budget is a data mistake, not 1 token.
+    positive = all(isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1 for budget in budgets)
+    if not positive or len(budgets) != num_generations:
+        raise ValueError(
+            f"{where}: {key!r} (data.max_new_tokens_key) must be a positive int or a list of {num_generations} "
+            f"positive ints (one per sample), got {value!r:.200}"
+        )
+    return budgets
+
+
+def _with_budget(sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:
+    # Shared params object when the budget is the profile's: most requests of most runs.
+    if max_new_tokens == sampling.max_new_tokens:
+        return sampling
+    return dataclasses.replace(sampling, max_new_tokens=max_new_tokens)
 
 
 def _trajectory(

@@ -1,6 +1,7 @@
 """The trainer: a run built from its config, and the loop that trains it (sync and async PPO alike).
 
-`asyncppo train` (cli/), the scripts and the integration tests all train through this package:
+`asyncppo train` and `asyncppo bench train` (cli/; the bench's named workloads: train_bench.py), the scripts
+and the integration tests all train through this package:
 
     run = build_run(config, run_dir)     # trainer/build.py
     try:

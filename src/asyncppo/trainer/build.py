@@ -21,6 +21,7 @@ from asyncppo.metrics import ConsoleProgress, JsonlSink, MetricsLogger, TensorBo
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.trainer import builders
+from asyncppo.trainer.perf import perf_meter
 from asyncppo.trainer.placement import check_device_fit
 from asyncppo.trainer.preflight import preflight
 from asyncppo.trainer.privileged_critic import PrivilegedCritic
@@ -75,6 +76,7 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
     layout = check_device_fit(config, device, torch.cuda.device_count() if device == "cuda" else 0)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = builders.ModelPaths.resolve(config)
+    perf = perf_meter(config, paths, layout, device)
     tokenizer = load_tokenizer(paths.tokenizer)
     eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
     engine = builders.engine_settings(config, eos, pad)
@@ -141,6 +143,7 @@ def build_run(config: RunConfig, run_dir: Path, config_dir: Path | None = None) 
         pad_token_id=pad,
         published=published,
         tokenizer=tokenizer,
+        perf=perf,
         groups=groups,
         reservations=reservations,
         gym=gym,

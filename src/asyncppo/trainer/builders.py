@@ -92,6 +92,27 @@ def step_settings(config: RunConfig) -> StepSettings:
         privileged_critic=enabled_privileged_critic(config) is not None,
         reward_scaling=ppo.reward_scaling if ppo.reward_scaling.enabled else None,
         reward_shaping=ppo.reward_shaping if ppo.reward_shaping.enabled else None,
+        old_logprobs_from_training=old_logprobs_from_training(config),
+        policy_global_batch_size=config.model.train_global_batch_size,
+    )
+
+
+def old_logprobs_from_training(config: RunConfig) -> bool:
+    """Whether the policy pass's own first forward may give the step's old logprobs, saving a scoring pass.
+
+    The old logprobs are the current policy's logprobs of the batch, scored before any update. The training
+    pass computes exactly those in its forwards (dropout is off, so train and eval forwards agree) as long as no
+    optimizer step lands between them and nothing reads them before the pass. That holds when:
+    - ppo.ppo_epochs == 1: one pass per step (a second pass would start from updated weights);
+    - the pass is one global batch: checked per step (`StepSettings.one_global_batch`), as batches may shrink;
+    - the KL term is not in the reward (loss_fn.use_kl_in_reward feeds old logprobs into the advantages);
+    - no sequence masking by logprob error (ppo.seq_logprob_error_threshold decides which samples train).
+    The mismatch metrics are then computed after the pass, from the same numbers.
+    """
+    return (
+        config.ppo.ppo_epochs == 1
+        and not config.loss_fn.uses_kl_in_reward
+        and config.ppo.seq_logprob_error_threshold is None
     )
 
 
@@ -186,6 +207,7 @@ def _trained_model_settings(
         train_global_batch_size=section.train_global_batch_size,
         train_micro_batch_size=section.train_micro_batch_size,
         max_tokens_per_microbatch=max_tokens,
+        sequence_packing=section.sequence_packing,
         logprob_batch_size=section.logprob_batch_size,
         activation_checkpointing=section.activation_checkpointing,
     )

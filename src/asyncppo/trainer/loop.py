@@ -74,6 +74,7 @@ def train(run: Run, stop_requested: Callable[[], bool] = _never) -> int:
             _dump_rollouts(run, output, completed, metrics)
         metrics["timing/generation"] = generated - started
         metrics["timing/step"] = time.perf_counter() - started
+        metrics.update(run.perf.step_metrics(batch, metrics))  # MFU, padding, tokens/s: needs timing/step
         metrics.update(driver_idle_breakdown(metrics))  # async runs only
         if not run.config.env.should_log_nemo_gym_responses and _due(run.config.logger.train_data_period, completed):
             _write_train_data(run, step_batch.trajectories, output, completed)

@@ -3,7 +3,8 @@
     1. reward processing (scaling, overlong shaping and filtering); turn spans when turn_gae
     2. [privileged critic] the critic layout: each row = its reference-block prefix + the verbatim tokens
     3. critic values before any update; [privileged] scored in the critic layout, moved back to the policy layout
-    4. old (+ reference) logprobs, mismatch metrics and sequence masking
+    4. old (+ reference) logprobs, mismatch metrics and sequence masking (one PPO epoch over one global batch: the
+       policy pass of 7 gives the old logprobs from its own forward, and the mismatch metrics follow it)
     5. advantages and critic targets, pre-update critic diagnostics (policy layout)
     6. critic passes (critic_ppo_epochs); [privileged] returns, critic mask and every [B, S] field moved to the
        critic layout, the critic-layout values kept for value clipping, [B] offsets and masks unchanged
@@ -59,6 +60,16 @@ class StepSettings:
     """ppo.reward_shaping when enabled, else None."""
     privileged_critic: bool = False
     """value.privileged_critic.enabled: every step must then come with critic_prefixes."""
+    old_logprobs_from_training: bool = False
+    """Take the old logprobs from the policy pass's own forward instead of a scoring pass before it (see
+    `builders.old_logprobs_from_training` for when that is exact); steps whose batch is more than one of the
+    policy's global batches still score them first."""
+    policy_global_batch_size: int | None = None
+    """model.train_global_batch_size (null = the whole step batch)."""
+
+    def one_global_batch(self, num_samples: int) -> bool:
+        """The policy's pass over `num_samples` samples takes exactly one optimizer step."""
+        return self.policy_global_batch_size is None or num_samples <= self.policy_global_batch_size
 
 
 @dataclass(frozen=True)
@@ -135,9 +146,19 @@ def _timed(timings: dict[str, float], key: str, action: Callable[[], T]) -> T:
     return result
 
 
+TOKEN_COUNTER_SUFFIXES = ("tokens_computed", "tokens_real")
+"""Worker metrics that count tokens (`policy/tokens_real`, `critic/scored_tokens_computed`, ...): summed over passes."""
+
+
 def average_metrics(passes: Iterable[Mapping[str, float]]) -> dict[str, float]:
-    """Mean over passes per key (min / max keys take the extreme), so multi-epoch steps report one number."""
-    return reduce_metrics_by_key(passes, lambda values: sum(values) / len(values))
+    """Mean over passes per key (min / max keys take the extreme), so multi-epoch steps report one number; token
+    counters are summed instead, so they count the whole step (trainer/perf.py's padding ratio reads them)."""
+    passes = list(passes)
+    reduced = reduce_metrics_by_key(passes, lambda values: sum(values) / len(values))
+    for key in reduced:
+        if key.endswith(TOKEN_COUNTER_SUFFIXES):
+            reduced[key] = sum(entry[key] for entry in passes if key in entry)
+    return reduced
 
 
 def ppo_step(
@@ -167,27 +188,17 @@ def ppo_step(
         scored = batch if layout is None else critic_batch(batch, layout)
         critic_values = _timed(timings, "values", lambda: value.values(scored))
         values = critic_values if layout is None else layout.to_policy(critic_values)
-    old_logprobs = _timed(timings, "logprobs", lambda: policy.logprobs(batch))
+    policy_trained = step >= settings.policy_training_start_step
+    # One PPO epoch over one global batch: the training pass's own first forward gives the old logprobs.
+    fused = settings.old_logprobs_from_training and policy_trained and settings.one_global_batch(len(batch))
+    old_logprobs = None if fused else _timed(timings, "logprobs", lambda: policy.logprobs(batch))
     reference_logprobs = None
     if settings.need_reference_logprobs:
         reference_logprobs = _timed(timings, "reference_logprobs", lambda: policy.reference_logprobs(batch))
 
-    loss_mask = batch.token_mask * batch.sample_mask[:, None]
-    num_valid = float(loss_mask.sum().item())
-    if num_valid > 0:
-        mismatch = token_mismatch_metrics(
-            old_logprobs, batch.generation_logprobs, loss_mask, num_valid, settings.policy_loss.reference_policy_kl_type
-        )
-        metrics.update({f"mismatch/{key}": value_ for key, value_ in mismatch.items()})
-    sample_mask, seq_metrics = mask_sequences_by_logprob_error(
-        settings.seq_logprob_error_threshold,
-        old_logprobs=old_logprobs,
-        generation_logprobs=batch.generation_logprobs,
-        token_mask=batch.token_mask,
-        sample_mask=batch.sample_mask,
-        rewards=batch.rewards,
-    )
-    metrics.update({f"mismatch/{key}": value_ for key, value_ in seq_metrics.items()})
+    sample_mask = batch.sample_mask
+    if old_logprobs is not None:
+        sample_mask = _mismatch(settings, batch, old_logprobs, metrics)
 
     result = compute_advantages(
         settings.advantage,
@@ -234,13 +245,40 @@ def ppo_step(
         offsets = (result.returns_to_abs, result.returns_to_res)
         metrics.update(_train_critic(settings, value, value_batch, offsets, timings))
 
-    policy_trained = step >= settings.policy_training_start_step
-    if policy_trained:
+    if fused:
+        passes, old_logprobs = _timed(timings, "policy_train", lambda: policy.train_on_policy(batch))
+        batch = batch.with_fields(old_logprobs=old_logprobs)
+        _mismatch(settings, batch, old_logprobs, metrics)  # no sequence masking in fused steps: reported only
+        metrics.update(average_metrics([passes]))
+    elif policy_trained:
         passes = [_timed(timings, "policy_train", lambda: policy.train(batch)) for _ in range(settings.ppo_epochs)]
         metrics.update(average_metrics(passes))
     metrics["train/policy_trained"] = float(policy_trained)
     metrics.update(timings)
     return StepOutput(batch=batch, metrics=metrics, policy_trained=policy_trained)
+
+
+def _mismatch(
+    settings: StepSettings, batch: TrainBatch, old_logprobs: torch.Tensor, metrics: dict[str, float]
+) -> torch.Tensor:
+    """Train/inference mismatch metrics (into `metrics`) and the sample mask after sequence masking by them."""
+    loss_mask = batch.token_mask * batch.sample_mask[:, None]
+    num_valid = float(loss_mask.sum().item())
+    if num_valid > 0:
+        mismatch = token_mismatch_metrics(
+            old_logprobs, batch.generation_logprobs, loss_mask, num_valid, settings.policy_loss.reference_policy_kl_type
+        )
+        metrics.update({f"mismatch/{key}": value_ for key, value_ in mismatch.items()})
+    sample_mask, seq_metrics = mask_sequences_by_logprob_error(
+        settings.seq_logprob_error_threshold,
+        old_logprobs=old_logprobs,
+        generation_logprobs=batch.generation_logprobs,
+        token_mask=batch.token_mask,
+        sample_mask=batch.sample_mask,
+        rewards=batch.rewards,
+    )
+    metrics.update({f"mismatch/{key}": value_ for key, value_ in seq_metrics.items()})
+    return sample_mask
 
 
 def _privileged_layout(

@@ -6,6 +6,7 @@ ConfigError, `<key path>: <problem>; <what to do>` (the CLI prints it as `error:
     logger.wandb_enabled / mlflow_enabled  the optional package is installed
     env.reward_function                    the module imports, the function exists and takes (response_text, row)
     data.*                                 files exist, parse, hold rows, and the rows have the prompt field
+    data.max_new_tokens_key                every row holds valid response budgets (when the key is set)
 
 The independent checks all run, so one attempt reports every mistake. What they load (rows, the reward function)
 is returned for the build to use, so nothing is loaded twice. The scheduler's warmup is fitted to the run's
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 from asyncppo.config import ConfigError, RunConfig
 from asyncppo.rollout.rewards import RewardFunction, RewardModuleNotFoundError, RewardSpecError, load_reward_function
+from asyncppo.rollout.single_turn import row_token_budgets
 from asyncppo.trainer.run_inputs import load_data
 
 T = TypeVar("T")
@@ -55,6 +57,8 @@ def preflight(config: RunConfig, config_dir: Path | None = None) -> CheckedInput
     if not config.env.should_use_nemo_gym:
         reward = checked(lambda: check_reward_function(config.env.reward_function, config_dir))
     data = checked(lambda: load_data(config))
+    if data is not None:
+        checked(lambda: check_response_budgets(config, *data))
     if problems:
         raise ConfigError(problems)
     assert data is not None
@@ -79,6 +83,30 @@ def check_optional_packages(config: RunConfig) -> None:
     ]
     if missing:
         raise ConfigError(missing)
+
+
+def check_response_budgets(
+    config: RunConfig, train_rows: list[dict[str, Any]], validation_rows: list[dict[str, Any]]
+) -> None:
+    """ConfigError naming the first training and the first validation row whose data.max_new_tokens_key field is
+    missing or malformed (the rollouts would fail on it mid-run); nothing to check when the key is null."""
+    key = config.data.max_new_tokens_key
+    if key is None:
+        return
+    ppo = config.ppo
+    problems: list[str] = []
+    for rows, name, generations in (
+        (train_rows, "training", ppo.num_generations_per_prompt),
+        (validation_rows, "validation", ppo.val_num_generations_per_prompt),
+    ):
+        for index, row in enumerate(rows):
+            try:
+                row_token_budgets(row, f"{name} row {index}", key, generations)
+            except ValueError as error:
+                problems.append(f"data.max_new_tokens_key: {error}")
+                break
+    if problems:
+        raise ConfigError(problems)
 
 
 def check_reward_function(spec: str, config_dir: Path | None) -> RewardFunction:

@@ -1,7 +1,7 @@
 """A training run's components, built from the config: Ray worker groups, weight sync, data, sinks, checkpoints.
 
     Run: policy / value / generation groups, WeightSync (non-colocated), BatchSource, validation rows,
-         MetricsLogger, CheckpointManager (built by `trainer/build.py`)
+         MetricsLogger, CheckpointManager, PerfMeter (built by `trainer/build.py`)
 The driver loop (`trainer/loop.py`) calls its methods in order; `close()` ends every process the run started.
 """
 
@@ -32,6 +32,7 @@ from asyncppo.metrics import MetricsLogger
 from asyncppo.models.tokenizer import decode_ids
 from asyncppo.pipeline.sources import BatchSource
 from asyncppo.rollout.reward_components import reward_component_metrics
+from asyncppo.trainer.perf import PerfMeter
 from asyncppo.trainer.ppo_step import StepSettings
 from asyncppo.trainer.privileged_critic import CriticPrefixes, PrivilegedCritic
 from asyncppo.trainer.run_inputs import (
@@ -86,6 +87,8 @@ class Run:
     published: PublishedVersion
     tokenizer: PreTrainedTokenizerBase
     """The run's tokenizer (the driver's copy), for the texts of the run records."""
+    perf: PerfMeter
+    """The per-step throughput metrics (`perf/*`)."""
     groups: list[WorkerGroup[object]] = field(default_factory=list[WorkerGroup[object]])
     reservations: list[Reservation] = field(default_factory=list[Reservation])
     """The devices the groups sit on, given back after the groups end."""

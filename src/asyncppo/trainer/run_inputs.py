@@ -69,6 +69,7 @@ def single_turn_rollouts(
             prompt_key="prompt",
             messages_key="messages",
             max_prompt_tokens=max_prompt_tokens,
+            max_new_tokens_key=config.data.max_new_tokens_key,
         )
 
     generations = config.ppo.num_generations_per_prompt

@@ -76,6 +76,22 @@ def max_over_ranks(value: int, group: DataParallel | None) -> int:
     return int(tensor.item())
 
 
+def sum_over_ranks(values: Sequence[int], group: DataParallel | None) -> list[int]:
+    """Element-wise sum of `values` over the ranks (every rank passes the same number of values)."""
+    if group is None:
+        return list(values)
+    tensor = torch.tensor(list(values), dtype=torch.long, device=group.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return [int(value) for value in tensor.tolist()]
+
+
+def sum_tensor_over_ranks(tensor: torch.Tensor, group: DataParallel | None) -> torch.Tensor:
+    """The element-wise sum of `tensor` over the ranks (in place on the device; every rank gets it)."""
+    if group is not None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
 def all_ranks_finite(value: torch.Tensor, group: DataParallel | None) -> bool:
     """True when `value` (a 0-dim tensor) is finite on every rank."""
     finite = torch.isfinite(value.detach()).to(torch.long).reshape(1)

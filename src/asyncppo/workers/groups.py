@@ -36,6 +36,8 @@ class PolicyModel(Protocol):
 
     def train(self, batch: TrainBatch) -> dict[str, float]: ...
 
+    def train_on_policy(self, batch: TrainBatch) -> tuple[dict[str, float], torch.Tensor]: ...
+
 
 class ValueModel(Protocol):
     """The critic side of a PPO step: `train` takes an optimizer pass, `evaluate` only re-scores."""
@@ -62,6 +64,9 @@ class PolicyGroup:
 
     def train(self, batch: TrainBatch) -> dict[str, float]:
         return self.group.call_all(PolicyWorker.train, batch)[0]
+
+    def train_on_policy(self, batch: TrainBatch) -> tuple[dict[str, float], torch.Tensor]:
+        return self.group.call_all(PolicyWorker.train_on_policy, batch)[0]
 
     def save(self, directory: Path) -> None:
         """Write the policy checkpoint into `directory` (every rank gathers its shards; rank 0 writes)."""

@@ -1,5 +1,6 @@
 """How a step batch is cut for training: global batches (one optimizer step each), a rank's share of one, and
-micro-batches (one forward/backward each), by sample count or by a padded-token budget.
+micro-batches (one forward/backward each), by sample count or by a token budget: real tokens when the forward
+packs its rows (no padding reaches the model), rows x longest row when it pads them.
 
 Called by `training.train_pass` and by the workers' no-grad scoring. Everything here works on row indices of
 the step batch, so per-sample side inputs (the critic's return-space offsets) follow the same cut.
@@ -7,7 +8,7 @@ Letters: B samples, S positions.
 """
 
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -70,18 +71,69 @@ def pack_by_tokens(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
+def pack_by_token_sum(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Consecutive positions packed so that each group's real tokens, the sum of its lengths, stay <= max_tokens.
+
+    The budget of a packed forward, which computes only real tokens. Greedy in order, like `pack_by_tokens`; a
+    row longer than the budget gets a group of its own.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {max_tokens}")
+    groups: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for position, length in enumerate(lengths):
+        if current and total + length > max_tokens:
+            groups.append(current)
+            current, total = [], 0
+        current.append(position)
+        total += length
+    if current:
+        groups.append(current)
+    return groups
+
+
 def microbatch_rows(
-    rows: Sequence[int], lengths: Sequence[int], micro_batch_size: int, max_tokens_per_microbatch: int | None
+    rows: Sequence[int],
+    lengths: Sequence[int],
+    micro_batch_size: int,
+    max_tokens_per_microbatch: int | None,
+    packed: bool = False,
 ) -> list[list[int]]:
-    """`rows` (step-batch indices) cut into micro-batches: by the token budget when one is set, else by count.
+    """`rows` (step-batch indices) cut into micro-batches: by the token budget when one is set (real tokens when
+    `packed`, else rows x longest row), else by count.
 
     lengths[i] is the length of step-batch row i (see `row_lengths`).
     """
     if max_tokens_per_microbatch is None:
         groups = pack_by_count(len(rows), micro_batch_size)
+    elif packed:
+        groups = pack_by_token_sum([lengths[row] for row in rows], max_tokens_per_microbatch)
     else:
         groups = pack_by_tokens([lengths[row] for row in rows], max_tokens_per_microbatch)
     return [[rows[position] for position in group] for group in groups]
+
+
+@dataclass
+class TokenTally:
+    """Token positions the forwards computed (padding and loss-free stand-ins included) and the real tokens among
+    them: their ratio is the padding overhead (`perf/padding_ratio`)."""
+
+    computed: int = 0
+    real: int = 0
+
+    def add(self, attention_mask: torch.Tensor, packed: bool, stand_in: bool = False) -> None:
+        """Count one forward over a trimmed micro-batch [b, s]: packed, it computes only the real tokens; padded,
+        rows x columns. A stand-in (a rank's loss-free filler) computes but contributes no real token."""
+        real = int(attention_mask.sum())
+        self.computed += real if packed else attention_mask.numel()
+        self.real += 0 if stand_in else real
+
+    def take(self) -> tuple[int, int]:
+        """(computed, real) so far, and reset to zero."""
+        counts = (self.computed, self.real)
+        self.computed = self.real = 0
+        return counts
 
 
 def trim_padding(batch: TrainBatch) -> TrainBatch:

@@ -24,7 +24,9 @@ from asyncppo.generation.engines import EngineSettings
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.types import TrainBatch
+from asyncppo.workers.data_parallel import sum_tensor_over_ranks
 from asyncppo.workers.generator_worker import GeneratorWorker
+from asyncppo.workers.microbatches import TokenTally
 from asyncppo.workers.phase_peaks import PhasePeaks
 from asyncppo.workers.scoring import ScoringModel, resolve_dtype
 from asyncppo.workers.trained_model import TrainedModelSettings, TrainedWorker
@@ -84,12 +86,21 @@ class PolicyWorker(TrainedWorker):
         self._reference = None
         if reference is not None:
             self._reference = ScoringModel(
-                reference, forward, device=device, scoring_batch_size=settings.scoring_batch_size
+                reference,
+                forward,
+                device=device,
+                scoring_batch_size=settings.scoring_batch_size,
+                packed=self.scoring.packed,
             )
         self.rank = rank
         self.colocated = GeneratorWorker(self.model, colocated_engine, rank) if colocated_engine is not None else None
         self._sender: WeightSender | None = None
+        self._first_pass_logprobs: torch.Tensor | None = None  # [B, S], filled by train_on_policy's forwards
         self._memory = PhasePeaks(next(self.model.parameters()).device)
+
+    def _scoring_tallies(self) -> list[TokenTally]:
+        own = super()._scoring_tallies()
+        return own if self._reference is None else [*own, self._reference.scored]
 
     # -- training (the policy side of the PPO step) --
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -104,11 +115,18 @@ class PolicyWorker(TrainedWorker):
 
     def _loss(self, micro: MicroBatch, normalizers: LossNormalizers) -> tuple[torch.Tensor, dict[str, float]]:
         batch = micro.batch
-        assert batch.old_logprobs is not None and batch.advantages is not None, "checked in train"
+        assert batch.advantages is not None, "checked in train"
+        logprobs = self.module(batch.input_ids, batch.attention_mask)
+        old_logprobs = batch.old_logprobs
+        if old_logprobs is None:  # train_on_policy: this forward's own values are the old logprobs
+            old_logprobs = logprobs.detach()
+            if not micro.stand_in:
+                assert self._first_pass_logprobs is not None, "set by train_on_policy"
+                self._first_pass_logprobs[micro.rows, : logprobs.shape[1]] = old_logprobs
         return policy_loss(
             self._loss_settings,
-            logprobs=self.module(batch.input_ids, batch.attention_mask),
-            old_logprobs=batch.old_logprobs,
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
             generation_logprobs=batch.generation_logprobs,
             advantages=batch.advantages,
             token_mask=batch.token_mask,
@@ -138,6 +156,38 @@ class PolicyWorker(TrainedWorker):
         if self.colocated is not None:  # the engine's KV cache and the training state share the GPU
             result.update(self._memory.report())
         return result
+
+    def train_on_policy(self, batch: TrainBatch) -> tuple[dict[str, float], torch.Tensor]:
+        """`train` without batch.old_logprobs: each micro-batch's own forward gives them (detached), and they are
+        returned ([B, S] fp32 on CPU, every row) beside the metrics.
+
+        Exact only when no weight changes before the last micro-batch's forward: the pass must be ONE global batch
+        (the driver calls this for one PPO epoch with one global batch, see `builders.old_logprobs_from_training`);
+        then the old logprobs a separate scoring pass would give are these forwards' values, and the PPO ratio of
+        the pass is exactly 1. ValueError when the batch would take several optimizer steps.
+        """
+        if batch.advantages is None:
+            raise ValueError("PolicyWorker.train_on_policy needs batch.advantages")
+        if self.plan.global_batch_size is not None and self.plan.global_batch_size < len(batch):
+            raise ValueError(
+                f"train_on_policy needs one global batch, but train_global_batch_size={self.plan.global_batch_size} "
+                f"cuts {len(batch)} samples into several optimizer steps; score old logprobs with `logprobs` first"
+            )
+        if self._loss_settings.uses_reference_kl and batch.reference_logprobs is None:
+            raise ValueError("PolicyWorker.train_on_policy needs batch.reference_logprobs: the loss has a reference KL")
+        device = next(self.model.parameters()).device
+        self._first_pass_logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=device)
+        try:
+            with self._memory.phase("train"):
+                metrics = self._train_pass(batch.with_fields(old_logprobs=None), self._loss, _policy_normalizers)
+            # Every rank filled its own rows (stand-ins none): the sum over ranks is every row's logprobs.
+            logprobs = sum_tensor_over_ranks(self._first_pass_logprobs, self.scoring.group).cpu()
+        finally:
+            self._first_pass_logprobs = None
+        result = {f"policy/{key}": value for key, value in metrics.items()}
+        if self.colocated is not None:
+            result.update(self._memory.report())
+        return result, logprobs
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) pairs a generator of the same architecture loads by name; see `ScoringModel.named_weights`."""

@@ -4,15 +4,17 @@
 on its own. Letters: B samples, S positions.
 """
 
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from transformers import PreTrainedModel
 
+from asyncppo.models.varlen_attention import use_packed_attention
 from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import (
     current_data_parallel,
@@ -22,10 +24,16 @@ from asyncppo.workers.data_parallel import (
     shard_module,
     transformer_layers,
 )
-from asyncppo.workers.microbatches import shard_rows, trim_padding
+from asyncppo.workers.microbatches import TokenTally, shard_rows, trim_padding
 
-TokenForward = Callable[[PreTrainedModel, torch.Tensor, torch.Tensor], torch.Tensor]
-"""(model, input_ids [B, S], attention_mask [B, S]) -> [B, S] fp32 (`token_logprobs`, `values`)."""
+
+class TokenForward(Protocol):
+    """(model, input_ids [B, S], attention_mask [B, S], packed=...) -> [B, S] fp32 (`token_logprobs`, `values`)."""
+
+    def __call__(
+        self, model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, packed: bool
+    ) -> torch.Tensor: ...
+
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Attribute names under which Hugging Face attention modules keep a dropout probability as a float.
@@ -59,7 +67,9 @@ class ModelForward(nn.Module):
     """`forward(input_ids, attention_mask) = fn(model, ...)`: one entry point, so FSDP2's root hooks gather the
     root-level weights (embeddings, final norm, output head, tied or not) around the whole computation."""
 
-    def __init__(self, model: PreTrainedModel, fn: TokenForward) -> None:
+    def __init__(
+        self, model: PreTrainedModel, fn: Callable[[PreTrainedModel, torch.Tensor, torch.Tensor], torch.Tensor]
+    ):
         super().__init__()
         self.model = model
         self.fn = fn
@@ -69,17 +79,33 @@ class ModelForward(nn.Module):
 
 
 class ScoringModel:
-    """`model` wrapped for one per-token forward; in a data-parallel group its weights are FSDP2 shards."""
+    """`model` wrapped for one per-token forward; in a data-parallel group its weights are FSDP2 shards.
 
-    def __init__(self, model: PreTrainedModel, fn: TokenForward, *, device: torch.device, scoring_batch_size: int):
+    packed: every forward runs the rows' real tokens back to back (`models/packing.py`); the model is switched to
+    the packed-capable attention once, here. `scored` counts the token positions scoring computed.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        fn: TokenForward,
+        *,
+        device: torch.device,
+        scoring_batch_size: int,
+        packed: bool = False,
+    ):
         if scoring_batch_size < 1:
             raise ValueError(f"logprob_batch_size must be >= 1, got {scoring_batch_size}")
         self.model = model
         self.device = device
         self.scoring_batch_size = scoring_batch_size
+        self.packed = packed
+        self.scored = TokenTally()
         self.group = current_data_parallel(device)
         disable_dropout(model)
-        self.module = ModelForward(model, fn)
+        if packed:
+            use_packed_attention(model)
+        self.module = ModelForward(model, functools.partial(fn, packed=packed))
         if self.group is not None:
             shard_module(self.module, transformer_layers(model), self.group)
         self.module.eval()
@@ -102,6 +128,7 @@ class ScoringModel:
         for index in range(max_over_ranks(len(chunks), self.group)):
             rows = chunks[index] if index < len(chunks) else [0]
             micro = trim_padding(batch.select(rows)).to(self.device)
+            self.scored.add(micro.attention_mask, self.packed, stand_in=index >= len(chunks))
             scored = self.module(micro.input_ids, micro.attention_mask).float()
             if index < len(chunks):
                 outputs.append(torch.nn.functional.pad(scored, (0, seq_len - scored.shape[1])).cpu())

@@ -9,7 +9,7 @@ files, its tokenizer, `optimizer.pt` (keyed by parameter name, so it loads into 
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,8 @@ from transformers import PreTrainedModel
 from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.types import TrainBatch
-from asyncppo.workers.data_parallel import broadcast_from_rank0
+from asyncppo.workers.data_parallel import broadcast_from_rank0, sum_over_ranks
+from asyncppo.workers.microbatches import TokenTally
 from asyncppo.workers.optim import apply_optimizer_settings, build_optimizer, build_scheduler
 from asyncppo.workers.scoring import ScoringModel, TokenForward
 from asyncppo.workers.training import BatchPlan, LossFunction, Normalize, evaluate_pass, train_pass
@@ -49,13 +50,24 @@ class TrainedModelSettings:
     train_global_batch_size: int | None
     train_micro_batch_size: int
     max_tokens_per_microbatch: int | None
+    sequence_packing: bool | Literal["auto"]
+    """Forwards run the real tokens back to back (`models/packing.py`; `auto` = on CUDA devices); the token budget
+    then counts real tokens."""
     logprob_batch_size: int | None
     """Rows per no-grad scoring forward; None = train_micro_batch_size."""
     activation_checkpointing: bool
 
-    @property
-    def plan(self) -> BatchPlan:
-        return BatchPlan(self.train_global_batch_size, self.train_micro_batch_size, self.max_tokens_per_microbatch)
+    def packs_on(self, device: torch.device) -> bool:
+        """Whether forwards on `device` pack their rows (sequence_packing resolved)."""
+        return self.sequence_packing is True or (self.sequence_packing == "auto" and device.type == "cuda")
+
+    def plan_on(self, device: torch.device) -> BatchPlan:
+        return BatchPlan(
+            self.train_global_batch_size,
+            self.train_micro_batch_size,
+            self.max_tokens_per_microbatch,
+            self.packs_on(device),
+        )
 
     @property
     def scoring_batch_size(self) -> int:
@@ -92,9 +104,15 @@ class TrainedWorker:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.scoring = ScoringModel(model, forward, device=device, scoring_batch_size=settings.scoring_batch_size)
+        self.scoring = ScoringModel(
+            model,
+            forward,
+            device=device,
+            scoring_batch_size=settings.scoring_batch_size,
+            packed=settings.packs_on(device),
+        )
         self.settings = settings
-        self.plan = settings.plan
+        self.plan = settings.plan_on(device)
         self.reset_optimizer()
 
     @property
@@ -113,11 +131,23 @@ class TrainedWorker:
         self.optimizer = build_optimizer(self.scoring.module.parameters(), settings.optimizer)
         self.scheduler = build_scheduler(self.optimizer, settings.scheduler, settings.scheduler_total_steps)
 
+    def _scoring_tallies(self) -> list[TokenTally]:
+        """The token tallies of this worker's no-grad scoring models (the policy adds its reference's)."""
+        return [self.scoring.scored]
+
+    def _take_scored_counts(self) -> dict[str, float]:
+        """`scored_tokens_computed` / `scored_tokens_real` of the scoring since the last call, summed over ranks."""
+        counts = [tally.take() for tally in self._scoring_tallies()]
+        computed, real = sum_over_ranks([sum(c for c, _ in counts), sum(r for _, r in counts)], self.scoring.group)
+        return {"scored_tokens_computed": float(computed), "scored_tokens_real": float(real)}
+
     def _train_pass(self, batch: TrainBatch, loss_fn: LossFunction, normalize: Normalize) -> dict[str, float]:
-        """One `training.train_pass` in train mode; the model is back in eval mode afterwards."""
+        """One `training.train_pass` in train mode (the model is back in eval mode afterwards), plus the token
+        counts of the scoring since the previous pass (`_take_scored_counts`)."""
+        scored = self._take_scored_counts()
         self.scoring.module.train()
         try:
-            return train_pass(
+            return scored | train_pass(
                 batch,
                 loss_fn,
                 normalize,

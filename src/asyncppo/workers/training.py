@@ -21,8 +21,16 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from asyncppo.algorithms.microbatch import LossNormalizers, reduce_metrics_by_key, reduce_microbatch_metrics
 from asyncppo.types import TrainBatch
-from asyncppo.workers.data_parallel import DataParallel, all_ranks_finite, full_tensor, gather_objects, max_over_ranks
+from asyncppo.workers.data_parallel import (
+    DataParallel,
+    all_ranks_finite,
+    full_tensor,
+    gather_objects,
+    max_over_ranks,
+    sum_over_ranks,
+)
 from asyncppo.workers.microbatches import (
+    TokenTally,
     global_batch_rows,
     microbatch_rows,
     row_lengths,
@@ -39,6 +47,8 @@ class BatchPlan:
     global_batch_size: int | None
     micro_batch_size: int
     max_tokens_per_microbatch: int | None
+    packed: bool = False
+    """The forward packs its rows (real tokens only): the token budget counts real tokens."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,8 @@ class MicroBatch:
     batch: TrainBatch
     rows: torch.Tensor
     """[b] long on CPU: index per-sample side inputs of the step batch with it."""
+    stand_in: bool = False
+    """A loss-free filler that evens out the ranks' micro-batch counts: its outputs belong to no row."""
 
 
 LossFunction = Callable[[MicroBatch, LossNormalizers], tuple[torch.Tensor, dict[str, float]]]
@@ -69,7 +81,7 @@ def _microbatch_groups(
     local = list(rows) if group is None else shard_rows(rows, group.rank, group.world_size)
     groups = [
         (rows_, False)
-        for rows_ in microbatch_rows(local, lengths, plan.micro_batch_size, plan.max_tokens_per_microbatch)
+        for rows_ in microbatch_rows(local, lengths, plan.micro_batch_size, plan.max_tokens_per_microbatch, plan.packed)
     ]
     target = max_over_ranks(len(groups), group)
     return groups + [([rows[0]], True)] * (target - len(groups))
@@ -85,15 +97,18 @@ def _forward_global_batch(
     device: torch.device,
     group: DataParallel | None,
     backward: bool,
+    tally: TokenTally,
 ) -> tuple[torch.Tensor, list[dict[str, float]]]:
-    """Run (and with `backward`, backpropagate) every micro-batch; returns the summed loss and their metrics."""
+    """Run (and with `backward`, backpropagate) every micro-batch; returns the summed loss and their metrics.
+    `tally` counts the token positions computed."""
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     metrics: list[dict[str, float]] = []
     for micro_rows, is_padding in _microbatch_groups(rows, lengths, plan, group):
         micro = trim_padding(batch.select(micro_rows))
+        tally.add(micro.attention_mask, plan.packed, stand_in=is_padding)
         if is_padding:
             micro = without_loss(micro)
-        loss, micro_metrics = loss_fn(MicroBatch(micro.to(device), torch.tensor(micro_rows)), normalizers)
+        loss, micro_metrics = loss_fn(MicroBatch(micro.to(device), torch.tensor(micro_rows), is_padding), normalizers)
         if backward:
             loss.backward()
         loss_sum += loss.detach().float()
@@ -138,7 +153,9 @@ def train_pass(
     `normalize` counts over the whole global batch (all ranks); a global batch with no valid token or sequence
     has nothing to learn and is skipped without a step (counted in `num_empty_global_batches`). Returns the
     loss metrics averaged over global batches (`average_over_global_batches`) plus `lr` (mean LR of the steps
-    taken), `grad_norm` (mean pre-clip norm), `num_optimizer_steps` and `num_empty_global_batches`.
+    taken), `grad_norm` (mean pre-clip norm), `num_optimizer_steps`, `num_empty_global_batches`, and
+    `tokens_computed` / `tokens_real` (token positions the forwards computed, padding included, and the real
+    tokens among them, summed over micro-batches and ranks).
     Raises NonFiniteTrainingError naming the global batch when a loss or the gradient norm is not finite.
     """
     parameters = [parameter for group_ in optimizer.param_groups for parameter in group_["params"]]
@@ -147,6 +164,7 @@ def train_pass(
     lrs: list[float] = []
     grad_norms: list[float] = []
     num_empty = 0
+    tally = TokenTally()
     for index, rows in enumerate(global_batch_rows(len(batch), plan.global_batch_size)):
         normalizers = normalize(batch.select(list(rows)))
         if not (normalizers.valid_tokens > 0 and normalizers.valid_seqs > 0):
@@ -154,7 +172,7 @@ def train_pass(
             continue
         where = f"global batch {index} (rows {rows.start}..{rows.stop - 1})"
         loss_sum, metrics = _forward_global_batch(
-            batch, rows, lengths, loss_fn, normalizers, plan, device, group, backward=True
+            batch, rows, lengths, loss_fn, normalizers, plan, device, group, backward=True, tally=tally
         )
         if not all_ranks_finite(loss_sum, group):
             optimizer.zero_grad(set_to_none=True)
@@ -177,6 +195,7 @@ def train_pass(
         result["grad_norm"] = math.fsum(grad_norms) / len(grad_norms)
     result["num_optimizer_steps"] = float(len(lrs))
     result["num_empty_global_batches"] = float(num_empty)
+    result["tokens_computed"], result["tokens_real"] = map(float, sum_over_ranks(tally.take(), group))
     return result
 
 
@@ -199,7 +218,16 @@ def evaluate_pass(
     rows = range(len(batch))
     normalizers = normalize(batch)
     loss_sum, metrics = _forward_global_batch(
-        batch, rows, row_lengths(batch.attention_mask), loss_fn, normalizers, plan, device, group, backward=False
+        batch,
+        rows,
+        row_lengths(batch.attention_mask),
+        loss_fn,
+        normalizers,
+        plan,
+        device,
+        group,
+        backward=False,
+        tally=TokenTally(),
     )
     if not all_ranks_finite(loss_sum, group):
         raise NonFiniteTrainingError("non-finite loss while evaluating the batch")
