@@ -192,7 +192,10 @@ def _model_rules(src: str, dst: str) -> list[tuple[str, Rule]]:
         (f"{src}.dynamic_batching.*", backend(f"asyncppo sizes micro-batches by {dst}.max_tokens_per_microbatch")),
         (
             f"{src}.sequence_packing.*",
-            backend(f"asyncppo pads micro-batches; {dst}.max_tokens_per_microbatch bounds them"),
+            backend(
+                f"{dst}.sequence_packing packs micro-batches (default: on CUDA); "
+                f"{dst}.max_tokens_per_microbatch bounds them"
+            ),
         ),
         (f"{src}.make_sequence_length_divisible_by", backend(f"padding for sharded kernels; {_WORKERS}")),
         (
