@@ -10,6 +10,7 @@ from pydantic import ModelWrapValidatorHandler, ValidationInfo, model_validator
 
 from asyncppo.config.base import RuleError, Section, add_note
 from asyncppo.config.critic_pretrain import CriticPretrainConfig
+from asyncppo.config.data import DataConfig
 from asyncppo.config.logger import LoggerConfig
 from asyncppo.config.losses import PolicyLossConfig, ValueLossConfig
 from asyncppo.config.models import PolicyModelConfig, TrainedModelConfig, ValueModelConfig
@@ -17,7 +18,6 @@ from asyncppo.config.ppo import PPOConfig
 from asyncppo.config.runtime import (
     CheckpointingConfig,
     ClusterConfig,
-    DataConfig,
     EnvConfig,
     GenerationConfig,
     RewardPenaltiesConfig,
