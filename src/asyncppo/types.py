@@ -1,4 +1,5 @@
-"""The data exchanged between layers: the Trajectory record and the TrainBatch that pads a list of them.
+"""The data exchanged between layers: the Trajectory record, the TrainBatch that pads a list of them, and the
+SamplingProfile (temperature, top_p) that generators, gym clients and the policy server agree on.
 
     list[Trajectory] --collate_trajectories--> TrainBatch --(split for micro-batches / workers)--> workers
 
@@ -17,6 +18,18 @@ from typing import Any, Literal
 import torch
 
 Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class SamplingProfile:
+    """A (temperature, top_p) pair: what gym clients stamp into requests and the policy server enforces.
+    Temperature 0 means greedy decoding."""
+
+    temperature: float
+    top_p: float
+
+    def __str__(self) -> str:
+        return f"({self.temperature}, {self.top_p})"
 
 
 @dataclass(frozen=True)

@@ -6,36 +6,21 @@ from typing import Any
 import pytest
 import torch
 
+import ppo_settings
 from asyncppo.algorithms.advantages import compute_advantages, raw_advantage_metrics, whiten_advantages
 from asyncppo.algorithms.turns import build_turn_spans
 from asyncppo.config.losses import PolicyLossConfig
 from asyncppo.config.ppo import AdvEstimatorConfig
+from ppo_settings import turn_gae
 
 
 def gae(**overrides: Any) -> AdvEstimatorConfig:
-    """A gae section with every key it requires written (gamma 1, lambda 0, no residual, no whitening)."""
-    keys: dict[str, Any] = {
-        "name": "gae",
-        "normalize_advantages": False,
-        "residual_baseline": False,
-        "gae_gamma": 1.0,
-        "gae_lambda": 0.0,
-        "gae_lambda_value": None,
-        "gae_lambda_policy": None,
-        "length_adaptive_alpha": 0.0,
-    }
-    return AdvEstimatorConfig(**(keys | overrides))
+    """A gae section with lambda 0 unless overridden (gamma 1, no residual, no whitening)."""
+    return ppo_settings.gae(**({"gae_lambda": 0.0} | overrides))
 
 
 GAE = gae()
-TURN_GAE = AdvEstimatorConfig(
-    name="turn_gae",
-    normalize_advantages=True,
-    residual_baseline=False,
-    turn_gae_gamma=1.0,
-    turn_gae_lambda_value=1.0,
-    turn_gae_lambda_policy=0.5,
-)
+TURN_GAE = turn_gae(normalize_advantages=True, turn_gae_lambda_policy=0.5)
 
 
 def _one_row() -> dict[str, Any]:

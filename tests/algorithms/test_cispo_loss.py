@@ -14,14 +14,7 @@ from asyncppo.algorithms.microbatch import loss_normalizers
 from asyncppo.algorithms.policy_loss import policy_loss
 from asyncppo.config.losses import PolicyLossConfig
 
-
-@pytest.fixture(autouse=True)
-def _float64():
-    """Hand-computed values are checked in float64; the default dtype is restored for other modules."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def with_column0(tokens: torch.Tensor, fill: float) -> torch.Tensor:

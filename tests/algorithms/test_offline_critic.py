@@ -2,7 +2,6 @@
 reward-to-go targets (gamma, residual baseline, estimator rules) and the terminal value's position."""
 
 import math
-from typing import Any
 
 import pytest
 import torch
@@ -16,20 +15,7 @@ from asyncppo.algorithms.offline_critic import (
 )
 from asyncppo.algorithms.residual import leave_one_out_baseline
 from asyncppo.config.ppo import AdvEstimatorConfig
-
-
-def gae(**overrides: Any) -> AdvEstimatorConfig:
-    keys: dict[str, Any] = {
-        "name": "gae",
-        "normalize_advantages": False,
-        "residual_baseline": False,
-        "gae_gamma": 1.0,
-        "gae_lambda": 1.0,
-        "gae_lambda_value": None,
-        "gae_lambda_policy": None,
-        "length_adaptive_alpha": 0.0,
-    }
-    return AdvEstimatorConfig(**(keys | overrides))
+from ppo_settings import gae, turn_gae
 
 
 def test_terminal_auc_counts_every_positive_negative_pair():
@@ -111,14 +97,7 @@ def test_offline_targets_refuse_raw_reward_and_discounted_turn_gae():
     raw = AdvEstimatorConfig(name="raw_reward", normalize_advantages=True, residual_baseline=False)
     with pytest.raises(ValueError, match="trains no critic"):
         offline_critic_targets(raw, torch.ones(1), mask, torch.zeros(1))
-    turn = AdvEstimatorConfig(
-        name="turn_gae",
-        normalize_advantages=True,
-        residual_baseline=False,
-        turn_gae_gamma=0.9,
-        turn_gae_lambda_value=1.0,
-        turn_gae_lambda_policy=0.5,
-    )
+    turn = turn_gae(normalize_advantages=True, turn_gae_gamma=0.9, turn_gae_lambda_policy=0.5)
     with pytest.raises(ValueError, match="turn_gae_gamma"):
         offline_critic_targets(turn, torch.ones(1), mask, torch.zeros(1))
 

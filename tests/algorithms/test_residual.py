@@ -17,19 +17,11 @@ from asyncppo.algorithms.residual import (
 )
 from asyncppo.algorithms.turns import build_turn_spans
 from asyncppo.config.ppo import AdvEstimatorConfig
+from ppo_settings import gae, turn_gae
 
 
 def _settings(residual_baseline: bool, gae_lambda: float = 1.0, normalize: bool = False) -> AdvEstimatorConfig:
-    return AdvEstimatorConfig(
-        name="gae",
-        normalize_advantages=normalize,
-        residual_baseline=residual_baseline,
-        gae_gamma=1.0,
-        gae_lambda=gae_lambda,
-        gae_lambda_value=None,
-        gae_lambda_policy=None,
-        length_adaptive_alpha=0.0,
-    )
+    return gae(residual_baseline=residual_baseline, gae_lambda=gae_lambda, normalize_advantages=normalize)
 
 
 def _batch(rewards: list[float], group_ids: list[int], seq: int = 5, seed: int = 0) -> dict[str, Any]:
@@ -211,14 +203,7 @@ def test_homogeneous_group_sample_mask_rejects_bad_input() -> None:
 def test_turn_mode_does_not_leak_the_baseline_off_anchor() -> None:
     logs = [[("user", 2), ("assistant", 2), ("tool", 1), ("assistant", 2)], [("user", 3), ("assistant", 3)]]
     spans = build_turn_spans(logs, seq_len=8)
-    settings = AdvEstimatorConfig(
-        name="turn_gae",
-        normalize_advantages=False,
-        residual_baseline=True,
-        turn_gae_gamma=1.0,
-        turn_gae_lambda_value=1.0,
-        turn_gae_lambda_policy=1.0,
-    )
+    settings = turn_gae(residual_baseline=True)
     values = torch.full((2, 8), 0.25)
     result = compute_advantages(
         settings,

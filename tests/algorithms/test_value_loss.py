@@ -8,14 +8,7 @@ from asyncppo.algorithms.microbatch import loss_normalizers, reduce_microbatch_m
 from asyncppo.algorithms.value_loss import explained_variance_from_stats, value_loss
 from asyncppo.config.losses import ValueLossConfig
 
-
-@pytest.fixture(autouse=True)
-def _float64():
-    """Hand-computed values are checked in float64; the default dtype is restored for other modules."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def with_column0(tokens: torch.Tensor, fill: float = 0.0) -> torch.Tensor:

@@ -5,6 +5,8 @@ from typing import Any
 
 import pytest
 
+from ppo_settings import gae_section
+
 MINIMAL_TREE: dict[str, Any] = {
     "model": {"model_name": "tiny:tiny", "train_micro_batch_size": 4},
     "value": {"train_micro_batch_size": 4},
@@ -14,16 +16,7 @@ MINIMAL_TREE: dict[str, Any] = {
         "num_generations_per_prompt": 4,
         "max_num_steps": 3,
         "ppo_epochs": 1,
-        "adv_estimator": {
-            "name": "gae",
-            "gae_gamma": 1.0,
-            "gae_lambda": 0.95,
-            "gae_lambda_value": None,
-            "gae_lambda_policy": None,
-            "length_adaptive_alpha": 0.0,
-            "normalize_advantages": True,
-            "residual_baseline": False,
-        },
+        "adv_estimator": gae_section(gae_lambda=0.95, normalize_advantages=True),
     },
 }
 

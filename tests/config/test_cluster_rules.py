@@ -2,15 +2,9 @@
 `generation.colocated.resources`) and how they set `generation.num_workers`, and the critic's own devices."""
 
 import pytest
+from rejections import rejected
 
-from asyncppo.config import ConfigError, validate_tree
-
-
-def _rejected(tree) -> str:
-    with pytest.raises(ConfigError) as caught:
-        validate_tree(tree)
-    assert len(caught.value.lines) == 1, caught.value.lines
-    return caught.value.lines[0]
+from asyncppo.config import validate_tree
 
 
 def test_a_multi_node_cluster_is_accepted(tree):
@@ -18,7 +12,7 @@ def test_a_multi_node_cluster_is_accepted(tree):
     cluster = validate_tree(tree).cluster
     assert (cluster.num_nodes, cluster.gpus_per_node, cluster.ray_address) == (2, 8, "10.0.0.1:6379")
     tree["cluster"]["num_nodes"] = 0
-    assert _rejected(tree).startswith("cluster.num_nodes: Input should be greater than 0")
+    assert rejected(tree).startswith("cluster.num_nodes: Input should be greater than 0")
 
 
 def _separate_generators(tree, resources, num_workers=None):
@@ -53,7 +47,7 @@ def test_without_generator_resources_num_workers_stands(tree):
 def test_an_explicit_num_workers_must_agree_with_the_generator_resources(tree):
     _separate_generators(tree, {"gpus_per_node": 4, "num_nodes": 2}, num_workers=3)
     tree["cluster"] = {"num_nodes": 3}
-    assert _rejected(tree) == (
+    assert rejected(tree) == (
         "generation.num_workers: 3 disagrees with colocated.resources: gpus_per_node=4 x num_nodes=2 = 8 generators; "
         "set one of them"
     )
@@ -61,7 +55,7 @@ def test_an_explicit_num_workers_must_agree_with_the_generator_resources(tree):
 
 def test_generator_resources_need_non_colocated_generation(tree):
     tree["generation"] = {"colocated": {"resources": {"gpus_per_node": 2}}}
-    assert _rejected(tree) == (
+    assert rejected(tree) == (
         "generation.colocated.resources: sets generator devices, but generation runs inside the policy workers "
         "(enabled: true); set generation.colocated.enabled: false or remove generation.colocated.resources"
     )
@@ -70,7 +64,7 @@ def test_generator_resources_need_non_colocated_generation(tree):
 def test_generator_nodes_need_generator_devices_per_node(tree):
     _separate_generators(tree, {"num_nodes": 1})
     tree["cluster"] = {"num_nodes": 2}
-    assert _rejected(tree) == (
+    assert rejected(tree) == (
         "generation.colocated.resources.gpus_per_node: must be set with colocated.resources.num_nodes=1 (generator "
         "devices per node)"
     )
@@ -79,7 +73,7 @@ def test_generator_nodes_need_generator_devices_per_node(tree):
 def test_generator_nodes_must_leave_the_trainers_a_node(tree):
     _separate_generators(tree, {"gpus_per_node": 8, "num_nodes": 2})
     tree["cluster"] = {"num_nodes": 2, "gpus_per_node": 8}
-    assert _rejected(tree) == (
+    assert rejected(tree) == (
         "generation.colocated.resources.num_nodes: 2 whole nodes for generators leave none of cluster.num_nodes=2 for "
         "the trainers; raise cluster.num_nodes or lower this"
     )
@@ -90,7 +84,7 @@ def test_generator_nodes_must_leave_the_trainers_a_node(tree):
 def test_generator_nodes_are_as_large_as_the_clusters_nodes(tree):
     _separate_generators(tree, {"gpus_per_node": 4, "num_nodes": 1})
     tree["cluster"] = {"num_nodes": 2, "gpus_per_node": 8}
-    assert _rejected(tree) == (
+    assert rejected(tree) == (
         "generation.colocated.resources.gpus_per_node: 4 must equal cluster.gpus_per_node=8: generators take whole "
         "nodes"
     )

@@ -3,16 +3,11 @@
 from pathlib import Path
 
 import pytest
+from rejections import rejected
 
-from asyncppo.config import ConfigError, validate_tree
+from asyncppo.config import validate_tree
 from asyncppo.trainer import builders
-
-
-def _rejected(tree) -> str:
-    with pytest.raises(ConfigError) as caught:
-        validate_tree(tree)
-    assert len(caught.value.lines) == 1, caught.value.lines
-    return caught.value.lines[0]
+from asyncppo.trainer.setup import ModelPaths
 
 
 def _privileged(tree, **section):
@@ -46,26 +41,26 @@ def test_the_enabled_section_reaches_the_critic_with_fields_in_priority_order(tr
 
 def test_enabled_needs_fields(tree):
     tree["value"]["privileged_critic"] = {"enabled": True}
-    assert _rejected(tree) == "value.privileged_critic.fields: must list at least one task field when enabled is true"
+    assert rejected(tree) == "value.privileged_critic.fields: must list at least one task field when enabled is true"
 
 
 def test_needs_a_critic(tree):
     tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
-    assert _rejected(_privileged(tree)).startswith(
+    assert rejected(_privileged(tree)).startswith(
         "value.privileged_critic.enabled: needs a critic, but ppo.adv_estimator.name='raw_reward' trains none"
     )
 
 
 def test_titles_must_be_unique_tag_names(tree):
     _privileged(tree, fields=[{"name": "a.answer", "title": "answer"}, {"name": "answer"}])
-    assert _rejected(tree).startswith("value.privileged_critic.fields: duplicate title ['answer']")
+    assert rejected(tree).startswith("value.privileged_critic.fields: duplicate title ['answer']")
     _privileged(tree, fields=[{"name": "gold answer"}])
-    assert _rejected(tree).startswith("value.privileged_critic.fields.0.title: 'gold answer' is not a tag name")
+    assert rejected(tree).startswith("value.privileged_critic.fields.0.title: 'gold answer' is not a tag name")
 
 
-def test_unknown_keys_are_rejected(tree):
+def test_unknown_keys_arerejected(tree):
     _privileged(tree, fields=[{"name": "answer", "cap": 3}])
-    assert "value.privileged_critic.fields.0.cap" in _rejected(tree)
+    assert "value.privileged_critic.fields.0.cap" in rejected(tree)
 
 
 def test_value_budgets_are_raised_by_the_reserve_only_when_enabled(tree):
@@ -75,9 +70,8 @@ def test_value_budgets_are_raised_by_the_reserve_only_when_enabled(tree):
     assert config.value is not None
     assert config.value.critic_max_total_sequence_length == 2048 + 250
     assert config.value.critic_max_tokens_per_microbatch == 1000 + 250
-    paths = builders.ModelPaths(policy=Path("policy"), tokenizer=Path("policy"), value=Path("policy"))
-    factory = builders.value_factory(config, paths, "cpu")
-    assert factory.args[2].max_tokens_per_microbatch == 1250  # a functools.partial(ValueWorker, path, device, settings)
+    paths = ModelPaths(policy=Path("policy"), tokenizer=Path("policy"), value=Path("policy"))
+    assert builders.value_worker_settings(config, paths).max_tokens_per_microbatch == 1250
     tree["value"]["privileged_critic"]["enabled"] = False
     value = validate_tree(tree).value
     assert value is not None and value.critic_max_tokens_per_microbatch == 1000
@@ -105,12 +99,12 @@ def test_placement_defaults_to_the_user_suffix_with_the_bare_block(tree):
 )
 def test_the_template_needs_its_placeholder_once(tree, template, found):
     _privileged(tree, template=template)
-    assert _rejected(tree).startswith(
+    assert rejected(tree).startswith(
         f"value.privileged_critic.template: {template!r} must contain the placeholder {{answer}} exactly once and no "
         f"other field (found {found})"
     )
 
 
-def test_an_unknown_placement_is_rejected(tree):
+def test_an_unknown_placement_isrejected(tree):
     _privileged(tree, placement="assistant")
-    assert _rejected(tree).startswith("value.privileged_critic.placement: Input should be 'user_suffix'")
+    assert rejected(tree).startswith("value.privileged_critic.placement: Input should be 'user_suffix'")

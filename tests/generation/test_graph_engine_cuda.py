@@ -11,12 +11,13 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from asyncppo.algorithms.mismatch import token_mismatch_stats
-from asyncppo.generation.graph_engine import GraphEngineSettings
 from asyncppo.generation.graph_generator import GraphGenerator
+from asyncppo.generation.graph_settings import GraphEngineSettings
 from asyncppo.generation.hf_generator import HFGenerator
 from asyncppo.generation.protocol import GenerationRequest, SamplingParams
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
+from model_shapes import QWEN2_5_0_5B
 
 pytestmark = [
     pytest.mark.gpu,
@@ -51,16 +52,7 @@ def test_cuda_graph_engine_is_token_identical_to_hf_in_fp32(tiny_dir: Path) -> N
 
 def test_bf16_sampled_logprobs_agree_with_the_trainer_recompute() -> None:
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-    )
+    config = Qwen2Config(**QWEN2_5_0_5B, rope_theta=1_000_000.0)
     policy = Qwen2ForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
     settings = GraphEngineSettings(max_batch_size=64, max_context_length=512, eos_token_ids=(0,), seed=0)
     engine = GraphGenerator(policy, settings)

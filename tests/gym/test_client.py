@@ -13,19 +13,17 @@ by the agent's step limit (its first model call, a tool call, and the tool's out
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from gym_fakes import serving
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from asyncppo.config.runtime import SamplingProfile
 from asyncppo.gym.client import (
     AgentHTTPError,
     GymClient,
@@ -35,7 +33,7 @@ from asyncppo.gym.client import (
     agent_urls_from_config,
 )
 from asyncppo.gym.results import StepLimit
-from asyncppo.types import Trajectory
+from asyncppo.types import SamplingProfile, Trajectory
 
 CANNED_RESULT = json.loads((Path(__file__).parent / "fixtures" / "run_result_two_turn_tool_call.json").read_text())
 JUDGE_FAILED_RESULT = {key: value for key, value in CANNED_RESULT.items() if key != "reward_components"} | {
@@ -116,18 +114,8 @@ def served_agent() -> Iterator[ScriptedAgent]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     agent = ScriptedAgent(sock.getsockname()[1])
-    config = uvicorn.Config(build_app(agent), log_level="critical", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "fake agent did not start"
-        time.sleep(0.02)
-    yield agent
-    server.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    with serving(build_app(agent), sock, "the fake agent"):
+        yield agent
 
 
 @pytest.fixture

@@ -5,11 +5,9 @@ from collections.abc import Iterator
 from typing import cast
 
 import pytest
-from gym_fakes import ScriptedGenerator
+from gym_fakes import ScriptedGenerator, policy_server_of
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import SamplingProfile
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.models.tiny import EOS_TOKEN_ID
 
 pytest.importorskip("openai")  # a guard only: openai is in the dev extra
@@ -38,16 +36,8 @@ TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_prob
 def client(tokenizer: PreTrainedTokenizerBase) -> Iterator[openai.OpenAI]:
     """An OpenAI client of a server whose model always says "Checking." and calls get_weather once."""
     generator = ScriptedGenerator([*tokenizer.encode(TOOL_TURN, add_special_tokens=False), EOS_TOKEN_ID])
-    app = create_policy_app(
-        generator,  # pyright: ignore[reportArgumentType]
-        tokenizer,
-        model_name="policy",
-        train_sampling=SamplingProfile(1.0, 1.0),
-        validation_sampling=SamplingProfile(0.0, 1.0),
-        max_model_len=512,
-        api_key=API_KEY,
-    )
-    with PolicyServer(app) as server, openai.OpenAI(base_url=server.url, api_key=API_KEY, max_retries=0) as client:
+    server = policy_server_of(generator, tokenizer, max_model_len=512, api_key=API_KEY)
+    with server, openai.OpenAI(base_url=server.url, api_key=API_KEY, max_retries=0) as client:
         yield client
 
 

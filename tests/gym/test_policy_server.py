@@ -10,18 +10,16 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from gym_fakes import ScriptedGenerator
+from gym_fakes import ScriptedGenerator, policy_server_of
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.hf_generator import HFGenerator
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.gym.policy_server import PolicyServer
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 
 MAX_MODEL_LEN = 512
-TRAIN, VALIDATION = SamplingProfile(1.0, 1.0), SamplingProfile(0.0, 1.0)
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
@@ -52,16 +50,7 @@ def served(policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Itera
     """(root URL, generator) of a server over a real HFGenerator on the tiny model."""
     engine = HFGenerator(policy, [EOS_TOKEN_ID], PAD_TOKEN_ID, 64, "cpu", seed=0, max_context_length=MAX_MODEL_LEN)
     generator = CountingGenerator(engine)
-    app = create_policy_app(
-        generator,  # pyright: ignore[reportArgumentType]
-        tokenizer,
-        model_name="policy",
-        train_sampling=TRAIN,
-        validation_sampling=VALIDATION,
-        max_model_len=MAX_MODEL_LEN,
-        api_key=None,
-    )
-    with PolicyServer(app) as server:
+    with policy_server_of(generator, tokenizer, MAX_MODEL_LEN) as server:
         yield server.url.removesuffix("/v1"), generator
     engine.close()
 
@@ -178,9 +167,7 @@ def test_tokenize_models_and_health(served: tuple[str, CountingGenerator], token
 def scripted_server(
     tokenizer: PreTrainedTokenizerBase, generator: ScriptedGenerator, **options: object
 ) -> PolicyServer:
-    settings: dict[str, object] = {"model_name": "policy", "train_sampling": TRAIN, "validation_sampling": VALIDATION}
-    settings |= {"max_model_len": MAX_MODEL_LEN, "api_key": None} | options
-    return PolicyServer(create_policy_app(generator, tokenizer, **settings))  # pyright: ignore[reportArgumentType]
+    return policy_server_of(generator, tokenizer, **({"max_model_len": MAX_MODEL_LEN} | options))
 
 
 def test_generated_tool_call_is_parsed_and_max_tokens_clamped(tokenizer: PreTrainedTokenizerBase) -> None:

@@ -2,18 +2,17 @@
 OpenAI error body, and a valid request is served afterwards. One real server (tiny model) for every example."""
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from gym_fakes import policy_server_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.hf_generator import HFGenerator
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.models.policy import load_policy
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 
@@ -73,16 +72,7 @@ def raw_bodies(draw: st.DrawFn) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def root(tiny_dir: Path, tokenizer: PreTrainedTokenizerBase) -> Iterator[str]:
     engine = HFGenerator(load_policy(tiny_dir), [EOS_TOKEN_ID], PAD_TOKEN_ID, 8, "cpu", seed=0, max_context_length=256)
-    app = create_policy_app(
-        engine,
-        tokenizer,
-        model_name="policy",
-        train_sampling=SamplingProfile(1.0, 1.0),
-        validation_sampling=SamplingProfile(0.0, 1.0),
-        max_model_len=256,
-        api_key=None,
-    )
-    with PolicyServer(app) as server:
+    with policy_server_of(engine, tokenizer, max_model_len=256) as server:
         yield server.url.removesuffix("/v1")
     engine.close()
 
@@ -117,21 +107,18 @@ def test_random_json_bodies_never_get_a_500(root: str) -> None:
     assert_still_serving(root)
 
 
-def test_valid_bodies_with_a_hostile_field_never_get_a_500(root: str) -> None:
+@pytest.mark.parametrize(
+    "bodies",
+    [
+        pytest.param(mutated_bodies, id="valid_bodies_with_a_hostile_field"),
+        pytest.param(raw_bodies, id="non_finite_numbers_and_broken_json"),
+    ],
+)
+def test_hostile_bodies_never_get_a_500(root: str, bodies: Callable[[], st.SearchStrategy[tuple[str, str]]]) -> None:
     @BOUNDED
-    @given(case=mutated_bodies())
-    def post_mutated(case: tuple[str, str]) -> None:
+    @given(case=bodies())
+    def post_case(case: tuple[str, str]) -> None:
         assert_client_error(post(root, *case))
 
-    post_mutated()
-    assert_still_serving(root)
-
-
-def test_non_finite_numbers_and_broken_json_never_get_a_500(root: str) -> None:
-    @BOUNDED
-    @given(case=raw_bodies())
-    def post_raw(case: tuple[str, str]) -> None:
-        assert_client_error(post(root, *case))
-
-    post_raw()
+    post_case()
     assert_still_serving(root)

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gym_fakes import ScriptedGenerator
+from gym_fakes import ScriptedGenerator, policy_server_of
 from pydantic import ValidationError
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import SamplingProfile
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.gym.policy_server import PolicyServer
 from asyncppo.gym.protocol import OFF_POLICY_KNOBS, FunctionCall, ResponseMessage, ToolCall
 from asyncppo.gym.responses import (
     FunctionCallItem,
@@ -23,11 +22,9 @@ from asyncppo.gym.responses import (
     ResponsesRequest,
     ResponsesResponse,
     UnsupportedItem,
-    chat_messages,
-    chat_tools,
     check_request,
-    output_items,
 )
+from asyncppo.gym.responses_conversion import chat_messages, chat_tools, output_items
 from asyncppo.models.tiny import EOS_TOKEN_ID
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -222,16 +219,7 @@ def test_empty_generation_still_has_an_item_for_its_tokens_and_a_cut_one_is_inco
 
 
 def serve(tokenizer: PreTrainedTokenizerBase, generator: ScriptedGenerator) -> PolicyServer:
-    app = create_policy_app(
-        generator,  # pyright: ignore[reportArgumentType]
-        tokenizer,
-        model_name="policy",
-        train_sampling=SamplingProfile(1.0, 1.0),
-        validation_sampling=SamplingProfile(0.0, 1.0),
-        max_model_len=MAX_MODEL_LEN,
-        api_key=None,
-    )
-    return PolicyServer(app)
+    return policy_server_of(generator, tokenizer, MAX_MODEL_LEN)
 
 
 @pytest.fixture

@@ -4,24 +4,23 @@ event loop, against the built-in math gym and a real PolicyServer whose generato
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-import uvicorn
+from gym_fakes import policy_server_of, serving
 from starlette.types import Receive, Scope, Send
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig, SamplingProfile
+from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.gym.client import AgentConnectionError
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.gym.results import InvalidResultError
 from asyncppo.gym.runner import GymClientSettings, GymRolloutRunner
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.tiny import EOS_TOKEN_ID
+from asyncppo.types import SamplingProfile
 
 
 class Answers:
@@ -43,16 +42,8 @@ class Answers:
 @pytest.fixture
 def gym(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple[BuiltinGym, Answers]]:
     answers = Answers(tokenizer, "The answer is 12.")
-    app = create_policy_app(
-        answers,  # pyright: ignore[reportArgumentType]
-        tokenizer,
-        model_name="policy",
-        train_sampling=SamplingProfile(1.0, 1.0),
-        validation_sampling=SamplingProfile(0.0, 1.0),
-        max_model_len=256,
-        api_key=None,
-    )
-    with PolicyServer(app) as server, launch_builtin_gym(server.url, resources=("math",), max_steps=1) as builtin:
+    server = policy_server_of(answers, tokenizer, max_model_len=256)
+    with server, launch_builtin_gym(server.url, resources=("math",), max_steps=1) as builtin:
         yield builtin, answers
 
 
@@ -74,17 +65,8 @@ def nan_agent() -> Iterator[str]:
         await send({"type": "http.response.body", "body": body})
 
     listener = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, interface="asgi3", log_level="critical", timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the NaN agent did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(timeout=5)
-    listener.close()
+    with serving(app, listener, "the NaN agent"):
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 def make_runner(

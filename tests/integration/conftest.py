@@ -1,10 +1,17 @@
-"""Shared pieces of the end-to-end tests: a tiny-model run config (the session's Ray cluster is tests/conftest.py's)."""
+"""Shared pieces of the end-to-end tests: the session's model cache in every test's environment, a tiny-model run
+config, and an in-process run to its end (the session's Ray cluster is tests/conftest.py's)."""
 
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from asyncppo.config import validate_tree
+from asyncppo.metrics import read_metrics_jsonl
+from asyncppo.trainer.build import build_run
+from asyncppo.trainer.loop import train
+from ppo_settings import gae_section
 
 REPO = Path(__file__).parents[2]
 
@@ -13,6 +20,28 @@ REPO = Path(__file__).parents[2]
 def cache_dir(shared_cache_dir: Path) -> Path:
     """The model cache of the session's runs (tiny and demo models are built once per test session)."""
     return shared_cache_dir
+
+
+@pytest.fixture(autouse=True)
+def cache_in_environment(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run of a test, in-process or a child process that inherits the environment, builds its models into
+    the session's cache (so each is built once per session)."""
+    monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
+
+
+def _train_in_process(tree: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    run = build_run(validate_tree(tree), run_dir)
+    try:
+        train(run)
+    finally:
+        run.close()
+    return read_metrics_jsonl(run_dir / "metrics.jsonl")
+
+
+@pytest.fixture(scope="session")
+def train_in_process() -> Callable[[dict[str, Any], Path], list[dict[str, Any]]]:
+    """Runner of a whole run in this process: train_in_process(tree, run_dir) -> the run's metrics.jsonl records."""
+    return _train_in_process
 
 
 def _tiny_run_tree(data_dir: Path, **ppo: Any) -> dict[str, Any]:
@@ -34,16 +63,7 @@ def _tiny_run_tree(data_dir: Path, **ppo: Any) -> dict[str, Any]:
             "val_period": 0,
             "val_at_end": True,
             "max_val_samples": 4,
-            "adv_estimator": {
-                "name": "gae",
-                "gae_gamma": 1.0,
-                "gae_lambda": 0.95,
-                "gae_lambda_value": None,
-                "gae_lambda_policy": None,
-                "length_adaptive_alpha": 0.0,
-                "normalize_advantages": True,
-                "residual_baseline": True,
-            },
+            "adv_estimator": gae_section(gae_lambda=0.95, normalize_advantages=True, residual_baseline=True),
             **ppo,
         },
         "cluster": {"device": "cpu"},

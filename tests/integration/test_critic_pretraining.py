@@ -26,6 +26,7 @@ from asyncppo.trainer.critic_pretraining import (
     split_rollouts,
     target_batch,
 )
+from asyncppo.trainer.setup import resolve_setup
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).parents[2]
@@ -41,21 +42,19 @@ OVERRIDES = [
 ]
 
 
-def test_collect_pretrain_and_warm_start_the_demo_critic(
-    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
-    monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
+def test_collect_pretrain_and_warm_start_the_demo_critic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(REPO)  # the demo config's data paths are relative to the repository
     config = load_config(REPO / "examples" / "configs" / "demo.yaml", OVERRIDES)
     run_dir = tmp_path / "run"
 
-    first = collect_shards(config, run_dir, num_shards=1)
+    setup = resolve_setup(config, data=True)
+    first = collect_shards(setup, run_dir, num_shards=1)
     shard_zero = first[0].read_bytes()
-    shards = collect_shards(config, run_dir, num_shards=2)  # resumes: shard 0 is kept, shard 1 is added
+    shards = collect_shards(setup, run_dir, num_shards=2)  # resumes: shard 0 is kept, shard 1 is added
     assert [path.name for path in shards] == ["shard_00000.jsonl", "shard_00001.jsonl"]
     assert shards[0].read_bytes() == shard_zero
 
-    checkpoint, last = pretrain_critic(config, run_dir)
+    checkpoint, last = pretrain_critic(setup, run_dir)
     records = [json.loads(line) for line in (run_dir / CRITIC_PRETRAIN_DIR / METRICS_FILE).read_text().splitlines()]
     evaluations = [record for record in records if f"{PREFIX}held_out_terminal_auc" in record]
     assert [record["step"] for record in evaluations] == [0, 250, 500]
@@ -70,8 +69,8 @@ def test_collect_pretrain_and_warm_start_the_demo_critic(
 
     # The PPO run's loader (ValueWorker.warm_start) takes the checkpoint as it is: same weights, same numbers.
     rollouts, _, held_out = split_rollouts(config, run_dir)
-    worker, pad = pretraining_value_worker(config)
-    batch, to_abs, to_res = target_batch(config, rollouts, held_out, pad)
+    worker = pretraining_value_worker(setup)
+    batch, to_abs, to_res = target_batch(config, rollouts, held_out, setup.pad_token_id)
     cold = evaluate(config, worker, batch, (to_abs, to_res))
     worker.warm_start(checkpoint)
     warm = evaluate(config, worker, batch, (to_abs, to_res))

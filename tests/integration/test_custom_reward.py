@@ -34,11 +34,16 @@ def test_a_custom_reward_module_beside_the_config_trains_for_three_steps(tmp_pat
         model_name="tiny:tiny", train_global_batch_size=4, train_micro_batch_size=4, max_total_sequence_length=128
     )
     tree["model"]["scheduler"]["warmup_steps"] = 0
-    tree["value"].update(train_global_batch_size=4, train_micro_batch_size=4, max_total_sequence_length=128)
     tree["data"].update(train_path=str(data / "train.jsonl"), validation_path=str(data / "validation.jsonl"))
     tree["generation"].update(max_new_tokens=4, max_batch_size=8)
     tree["env"]["reward_function"] = "my_reward:reward"
     tree["ppo"].update(num_prompts_per_step=2, num_generations_per_prompt=2, ppo_epochs=1, val_at_end=False)
+    # One worker instead of the demo's three (policy, critic, generator): the driver imports the reward module and
+    # scores every rollout with it whichever workers generate, and each worker costs a process start.
+    tree["generation"]["colocated"]["enabled"] = True
+    tree["ppo"]["async_ppo"]["enabled"] = False
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
+    del tree["value"]  # raw_reward trains no critic
     tree["logger"].update(log_dir="run", console=False, tensorboard_enabled=False)
     (project / "config.yaml").write_text(yaml.safe_dump(tree))
 

@@ -5,7 +5,6 @@ faults (500, hang, dropped connection, malformed JSON, no tokens) that are retri
 budget, or stop the run with a clear error when a step cannot be filled."""
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,15 +13,12 @@ from typing import Any
 import pytest
 from faulty_agent import FaultyAgent
 
-from asyncppo.config import validate_tree
 from asyncppo.distributed.process_group import free_port
 from asyncppo.gym.servers.launch import launch_builtin_gym
-from asyncppo.metrics import read_metrics_jsonl
 from asyncppo.pipeline.errors import StepFillError
-from asyncppo.trainer.build import build_run
-from asyncppo.trainer.loop import train
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+Train = Callable[[dict[str, Any], Path], list[dict[str, Any]]]
 REPO = Path(__file__).parents[2]
 
 
@@ -56,20 +52,10 @@ def gym_tree(
     return tree
 
 
-def run_training(tree: dict[str, Any], run_dir: Path, cache_dir: Path) -> list[dict[str, Any]]:
-    os.environ["ASYNCPPO_CACHE_DIR"] = str(cache_dir)
-    run = build_run(validate_tree(tree), run_dir)
-    try:
-        train(run)
-    finally:
-        run.close()
-    return read_metrics_jsonl(run_dir / "metrics.jsonl")
-
-
 def test_sync_ppo_through_the_builtin_gym(
-    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], train_in_process: Train
 ):
-    metrics = run_training(gym_tree(tiny_run_tree, data_dir, tmp_path), tmp_path / "run", cache_dir)
+    metrics = train_in_process(gym_tree(tiny_run_tree, data_dir, tmp_path), tmp_path / "run")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     last = metrics[-1]
     # 3 steps x 4 prompts x 2 samples, plus the final validation's 4 prompts x 1 sample, all through /run.
@@ -87,13 +73,15 @@ def test_sync_ppo_through_the_builtin_gym(
 
 
 def test_async_ppo_through_the_builtin_gym(
-    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], train_in_process: Train
 ):
     tree = gym_tree(tiny_run_tree, data_dir, tmp_path)
     tree["ppo"]["async_ppo"] = {"enabled": True, "max_trajectory_age_steps": 1}
     tree["loss_fn"] = {"use_importance_sampling_correction": True}
+    # No critic (the sync run covers one through the gym): one worker process fewer to start.
+    tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
     tree["generation"]["backend"] = "graph"  # its counters are read while the collector keeps it generating
-    metrics = run_training(tree, tmp_path / "run", cache_dir)
+    metrics = train_in_process(tree, tmp_path / "run")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["async/max_policy_age"] <= 1 for m in metrics)
     assert metrics[-1]["gym/rollouts_succeeded"] >= 3 * 4 * 2 + 4
@@ -106,11 +94,11 @@ def test_async_ppo_through_the_builtin_gym(
 
 
 def test_the_multi_step_tool_task_trains_with_turn_gae_on_the_graph_engine_reusing_histories(
-    ray_cluster: None, cache_dir: Path, tmp_path: Path
+    tmp_path: Path, train_in_process: Train
 ):
     tree = _multi_step_tree(max_num_steps=3)
     tree["generation"]["backend"] = "graph"  # what `auto` picks on GPUs; on CPU it runs eagerly
-    metrics = run_training(tree, tmp_path / "run", cache_dir)
+    metrics = train_in_process(tree, tmp_path / "run")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for step in metrics:
         # Several model calls per rollout (add, multiply, answer), each one turn of the turn-level critic.
@@ -167,7 +155,7 @@ def _external_faulty_gym(tree: dict[str, Any], script: list[str]) -> tuple[Any, 
 
 
 def test_agent_faults_are_retried_or_replaced_and_counted(
-    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], train_in_process: Train
 ):
     tree = gym_tree(tiny_run_tree, data_dir, tmp_path)
     # Retried (a second attempt follows): 500, drop. Not retryable, the group is replaced: hang (the deadline
@@ -175,7 +163,7 @@ def test_agent_faults_are_retried_or_replaced_and_counted(
     script = ["500", "ok", "drop", "ok", "hang", "ok", "ok", "malformed", "ok", "no_tokens", "ok"]
     builtin, proxy = _external_faulty_gym(tree, script)
     try:
-        metrics = run_training(tree, tmp_path / "run", cache_dir)
+        metrics = train_in_process(tree, tmp_path / "run")
     finally:
         proxy.stop()
         builtin.stop()
@@ -190,14 +178,14 @@ def test_agent_faults_are_retried_or_replaced_and_counted(
 
 
 def test_a_step_that_cannot_be_filled_stops_the_run_with_a_clear_error(
-    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], train_in_process: Train
 ):
     tree = gym_tree(tiny_run_tree, data_dir, tmp_path)
     builtin, proxy = _external_faulty_gym(tree, ["500"])
     started = time.monotonic()
     try:
         with pytest.raises(StepFillError) as raised:
-            run_training(tree, tmp_path / "run", cache_dir)
+            train_in_process(tree, tmp_path / "run")
     finally:
         proxy.stop()
         builtin.stop()

@@ -1,7 +1,6 @@
 """The privileged critic in a real run: the tiny model trains on arithmetic rows whose `answer` task field only
 the critic reads, and every step reports privilege/* metrics."""
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,15 +16,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_run_with_a_privileged_critic_trains_and_reports_privilege_metrics(
-    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+    ray_cluster: None, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
 ):
     tree = tiny_run_tree(data_dir, val_at_end=False)
     tree["value"]["privileged_critic"] = {"enabled": True, "fields": [{"name": "answer"}], "max_total_tokens": 32}
     tree["checkpointing"] = {"enabled": False}
-    os.environ["ASYNCPPO_CACHE_DIR"] = str(cache_dir)
     run = build_run(validate_tree(tree), tmp_path)
     try:
-        assert run.privileged_critic is not None
+        assert run.critic_view is not None
         train(run)
     finally:
         run.close()

@@ -20,11 +20,12 @@ from asyncppo.metrics import read_metrics_jsonl
 from asyncppo.trainer import builders, loop
 from asyncppo.trainer.build import build_run
 from asyncppo.trainer.ppo_step import StepOutput, ppo_step
+from asyncppo.trainer.setup import resolve_setup
 from asyncppo.types import TrainBatch
 from asyncppo.workers.policy_worker import PolicyWorker
 from asyncppo.workers.ray_host import WorkerCallError
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 Recorded = tuple[int, TrainBatch, dict[str, float]]
 TOLERANCE = 1e-5
@@ -52,9 +53,9 @@ def _recording_ppo_step(recorded: list[Recorded], before_step: Callable[[int], N
 def _replay_on_one_rank(config: RunConfig, recorded: list[Recorded]) -> tuple[list[dict[str, float]], PolicyWorker]:
     """The recorded steps, in order, on in-process workers loaded from the run's initial model: their metrics, and
     the policy after them."""
-    paths = builders.ModelPaths.resolve(config)
-    policy = builders.policy_factory(config, paths, "cpu", None)()
-    value = builders.value_factory(config, paths, "cpu")() if config.value is not None else None
+    setup = resolve_setup(config)
+    policy = builders.policy_factory(setup, colocated=False)()
+    value = builders.value_factory(setup)() if config.value is not None else None
     settings = builders.step_settings(config)
     return [ppo_step(settings, policy, value, batch, step).metrics for step, batch, _ in recorded], policy
 
@@ -80,21 +81,16 @@ def _assert_losses_match(recorded: list[Recorded], replayed: list[dict[str, floa
 
 
 def test_two_data_parallel_ranks_and_two_generators_sync_match_one_rank(
-    ray_cluster: None,
-    cache_dir: Path,
-    data_dir: Path,
-    tmp_path: Path,
-    tiny_run_tree: Callable[..., dict[str, Any]],
-    monkeypatch: pytest.MonkeyPatch,
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
     config = validate_tree(_two_rank_tree(tiny_run_tree, data_dir))
     recorded: list[Recorded] = []
     monkeypatch.setattr(loop, "ppo_step", _recording_ppo_step(recorded, lambda _: None))
     run = build_run(config, tmp_path)
     try:
-        assert len(run.policy) == 2 and run.value is not None and len(run.value.group) == 2
-        assert len(run.generator.group) == 2
+        workers = run.workers
+        assert len(workers.policy) == 2 and workers.value is not None and len(workers.value.group) == 2
+        assert len(workers.generator.group) == 2
         loop.train(run)
     finally:
         run.close()
@@ -105,18 +101,15 @@ def test_two_data_parallel_ranks_and_two_generators_sync_match_one_rank(
 
 
 def test_async_two_ranks_survive_a_killed_rank_and_resume_to_one_rank_losses(
-    ray_cluster: None,
-    cache_dir: Path,
-    data_dir: Path,
-    tmp_path: Path,
-    tiny_run_tree: Callable[..., dict[str, Any]],
-    monkeypatch: pytest.MonkeyPatch,
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
     tree = _two_rank_tree(tiny_run_tree, data_dir, async_ppo={"enabled": True, "max_trajectory_age_steps": 1})
     tree["loss_fn"] = {"use_importance_sampling_correction": True}
-    # Policy ranks only (the sync test covers the critic's): each of the two starts is 4 processes instead of 6.
+    # Policy ranks only (the sync test covers the critic's) and one generator (the sync test covers two): each of
+    # the two starts is 3 processes instead of 6.
     tree["ppo"]["adv_estimator"] = {"name": "raw_reward", "normalize_advantages": True}
+    tree["generation"]["num_workers"] = 1
+    tree["cluster"]["gpus_per_node"] = 3  # 3 devices - 1 generator = 2 trainer devices: 2 policy ranks
     config = validate_tree(tree)
     recorded: list[Recorded] = []
     killed: list[int] = []
@@ -125,7 +118,7 @@ def test_async_two_ranks_survive_a_killed_rank_and_resume_to_one_rank_losses(
     def kill_policy_rank_1_before_step_3(step: int) -> None:
         if step == 2 and not killed:  # steps 1 and 2 are done and checkpointed (save_period 1)
             killed.append(step)
-            ray.kill(run.policy.group.hosts[1])
+            ray.kill(run.workers.policy.group.hosts[1])
 
     monkeypatch.setattr(loop, "ppo_step", _recording_ppo_step(recorded, kill_policy_rank_1_before_step_3))
     try:
@@ -149,14 +142,8 @@ def test_async_two_ranks_survive_a_killed_rank_and_resume_to_one_rank_losses(
 
 
 def test_a_run_asking_for_more_devices_than_the_ray_cluster_has_fails_at_start_naming_the_numbers(
-    ray_cluster: None,
-    cache_dir: Path,
-    data_dir: Path,
-    tmp_path: Path,
-    tiny_run_tree: Callable[..., dict[str, Any]],
-    monkeypatch: pytest.MonkeyPatch,
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
 ):
-    monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
     tree = _two_rank_tree(tiny_run_tree, data_dir)
     tree["cluster"]["gpus_per_node"] = 8  # 6 trainer devices; the session's cluster has 4 logical CPUs
     with pytest.raises(ConfigError) as raised:

@@ -20,37 +20,23 @@ from asyncppo.metrics import read_metrics_jsonl
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.models.value import load_value_model, save_value_model, value_head
 from asyncppo.trainer.build import build_run
-from asyncppo.trainer.builders import resolve_model_path
 from asyncppo.trainer.loop import train
+from asyncppo.trainer.setup import resolve_model_path
 from listening_sockets import Listener, listeners, process_tree
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _train(tree: dict[str, Any], run_dir: Path, cache_dir: Path) -> list[dict[str, Any]]:
-    os.environ["ASYNCPPO_CACHE_DIR"] = str(cache_dir)
-    run = build_run(validate_tree(tree), run_dir)
-    try:
-        train(run)
-    finally:
-        run.close()
-    return read_metrics_jsonl(run_dir / "metrics.jsonl")
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+Train = Callable[[dict[str, Any], Path], list[dict[str, Any]]]
 
 
 def test_non_colocated_run_trains_generators_hold_the_trainers_exact_weights_and_all_listen_on_loopback(
-    ray_cluster: None,
-    cache_dir: Path,
-    data_dir: Path,
-    tmp_path: Path,
-    tiny_run_tree: Callable[..., dict[str, Any]],
-    monkeypatch: pytest.MonkeyPatch,
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ):
     tree = tiny_run_tree(data_dir)
     tree["generation"]["colocated"] = {"enabled": False}
-    monkeypatch.setenv("ASYNCPPO_CACHE_DIR", str(cache_dir))
     run = build_run(validate_tree(tree), tmp_path)
-    assert run.weight_sync is not None
-    sync_ports = [run.weight_sync.spec.port]  # to find the weight-sync store among the sockets
+    weight_sync = run.workers.weight_sync
+    assert weight_sync is not None
+    sync_ports = [weight_sync.spec.port]  # to find the weight-sync store among the sockets
     seen: list[list[Listener]] = []
     log_metrics = run.metrics.log
 
@@ -62,12 +48,12 @@ def test_non_colocated_run_trains_generators_hold_the_trainers_exact_weights_and
 
     monkeypatch.setattr(run.metrics, "log", log_and_look)
     try:
-        initial = run.policy.weights()
+        initial = run.workers.policy.weights()
         train(run)
-        assert run.weight_sync is not None and run.weight_sync.num_pushes == 3  # initial sync + one per step
-        trained = run.policy.weights()
-        generated_with = run.generator.weights()
-        assert run.generator.policy_version() == 2
+        assert weight_sync.num_pushes == 3  # initial sync + one per step
+        trained = run.workers.policy.weights()
+        generated_with = run.workers.generator.weights()
+        assert run.workers.generator.policy_version() == 2
     finally:
         run.close()
     assert len(seen) == 2
@@ -93,10 +79,9 @@ def test_non_colocated_run_trains_generators_hold_the_trainers_exact_weights_and
 
 
 def test_colocated_run_with_critic_warm_up_warm_started_critic_and_rollout_dumps(
-    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], train_in_process: Train
 ):
     # A saved critic whose head is not zero: a warm start shows as non-zero pre-update values at step 1.
-    os.environ["ASYNCPPO_CACHE_DIR"] = str(cache_dir)
     base = resolve_model_path("tiny:tiny")
     critic = load_value_model(base)
     with torch.no_grad():
@@ -104,7 +89,7 @@ def test_colocated_run_with_critic_warm_up_warm_started_critic_and_rollout_dumps
     save_value_model(critic, load_tokenizer(base), tmp_path / "critic")
     tree = tiny_run_tree(data_dir, policy_training_start_step=1, log_rollout_dump=True, rollout_dump_period=1)
     tree["value"]["warm_start_path"] = str(tmp_path / "critic")
-    metrics = _train(tree, tmp_path / "run", cache_dir)
+    metrics = train_in_process(tree, tmp_path / "run")
 
     assert [m["step"] for m in metrics] == [1, 2]
     assert [m["train/policy_trained"] for m in metrics] == [0.0, 1.0]
@@ -120,7 +105,7 @@ def test_colocated_run_with_critic_warm_up_warm_started_critic_and_rollout_dumps
 
 
 def test_fresh_critic_predicts_zero_before_its_first_update_under_dynamic_sampling_and_the_step_is_recorded_in_text(
-    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], train_in_process: Train
 ):
     # Dynamic sampling rides along (wired from the config to the sync source): the step still trains 4 groups.
     tree = tiny_run_tree(
@@ -131,7 +116,7 @@ def test_fresh_critic_predicts_zero_before_its_first_update_under_dynamic_sampli
         log_rollout_dump=True,
         rollout_dump_period=1,
     )
-    metrics = _train(tree, tmp_path, cache_dir)
+    metrics = train_in_process(tree, tmp_path)
     assert metrics[0]["critic/mean_v_early"] == 0.0
     assert metrics[0]["dynamic_sampling/num_gen_batches"] >= 1.0
     assert metrics[0]["train/num_samples"] == 8.0
@@ -148,15 +133,15 @@ def test_fresh_critic_predicts_zero_before_its_first_update_under_dynamic_sampli
 
 
 def test_stopped_and_resumed_run_repeats_the_uninterrupted_run_and_takes_a_changed_lr(
-    ray_cluster: None, cache_dir: Path, data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]]
+    data_dir: Path, tmp_path: Path, tiny_run_tree: Callable[..., dict[str, Any]], train_in_process: Train
 ):
     # Colocated (three runs of start-up are the cost); non-colocated resumes are covered by the async kill test.
     tree = tiny_run_tree(data_dir, max_num_steps=3)
-    whole = _train(tree, tmp_path / "whole", cache_dir)
+    whole = train_in_process(tree, tmp_path / "whole")
 
     stopped = copy.deepcopy(tree)
     stopped["ppo"]["max_num_steps"] = 2
-    _train(stopped, tmp_path / "resumed", cache_dir)
+    train_in_process(stopped, tmp_path / "resumed")
     # A crash while writing step 3 leaves a half-written directory; resume must ignore it.
     half = tmp_path / "resumed" / "checkpoints" / "tmp_step_3"
     (half / "policy").mkdir(parents=True)
@@ -165,7 +150,7 @@ def test_stopped_and_resumed_run_repeats_the_uninterrupted_run_and_takes_a_chang
     changed = copy.deepcopy(tree)
     lr = validate_tree(tree).model.optimizer.lr
     changed["model"]["optimizer"] = {"lr": 2 * lr}
-    resumed = _train(changed, tmp_path / "resumed", cache_dir)
+    resumed = train_in_process(changed, tmp_path / "resumed")
 
     assert [m["step"] for m in resumed] == [1, 2, 3]  # metrics.jsonl continues, nothing duplicated
     # Same prompts consumed: the data position after step 3 is identical.

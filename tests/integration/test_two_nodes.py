@@ -2,7 +2,8 @@
 each, both on 127.0.0.1), joined by a real `asyncppo train` through cluster.ray_address.
 
 The config puts the generator on a whole node of its own (generation.colocated.resources.num_nodes: 1), so the
-trainers take the other one: the run's placement.json must show exactly that, with weight sync crossing nodes.
+trainers take the other one: the run's placement.json must show exactly that, with weight sync crossing nodes. Beside
+that cluster, a program without an address starts a loopback cluster of its own, even when it imported Ray first.
 """
 
 import json
@@ -76,13 +77,30 @@ def test_trainers_and_generator_on_separate_nodes_train_three_async_steps(
     assert "placement: policy x1 on 127.0.0.1; value x1 on 127.0.0.1; generator x1 on 127.0.0.1" in result.stdout
 
 
-def test_a_run_without_an_address_starts_its_own_cluster_beside_a_running_one(two_nodes: Any):
+# A program that imports Ray before asyncppo (as a user's script or a test module may): Ray has then read its
+# local-only switch already, and without asyncppo setting it again the cluster would come up on the machine's network
+# IP, listening on every interface.
+RAY_FIRST = """
+import ray
+from asyncppo.workers.ray_host import init_local_ray
+init_local_ray(num_cpus=3)
+print(ray.cluster_resources()["CPU"], ray.get_runtime_context().gcs_address)
+print(ray.util.get_node_ip_address())
+print(ray.get(ray.remote(lambda: ray.util.get_node_ip_address()).remote()))
+ray.shutdown()
+"""
+
+
+def test_a_run_without_an_address_starts_its_own_loopback_cluster_beside_a_running_one_even_if_ray_came_first(
+    two_nodes: Any,
+):
     # `ray start` (here: the two-node cluster) registers itself for `ray.init()` to join; a run without
-    # cluster.ray_address must start its own local cluster of the size it asks for instead.
-    script = "import ray; from asyncppo.workers.ray_host import init_local_ray; init_local_ray(num_cpus=3); "
-    script += "print(ray.cluster_resources()['CPU'], ray.get_runtime_context().gcs_address)"
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    # cluster.ray_address must start its own local cluster of the size it asks for instead. The local-only switch
+    # is left out of the environment (this process set it when it started the two nodes), so the program's own
+    # import of Ray reads it unset.
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", LOCAL_ONLY_ENV)}
+    result = subprocess.run([sys.executable, "-c", RAY_FIRST], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    cpus, address = result.stdout.split()[-2:]
+    cpus, address, driver_ip, worker_ip = result.stdout.split()[-4:]
     assert float(cpus) == 3.0 and address != two_nodes.address
+    assert (driver_ip, worker_ip) == ("127.0.0.1", "127.0.0.1")  # the driver, and a worker the cluster started

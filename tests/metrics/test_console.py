@@ -8,7 +8,7 @@ from rich.console import Console
 
 from asyncppo.metrics import ConsoleProgress
 from asyncppo.metrics.console import LINE_WIDTH, METRIC_WIDTH, format_duration, format_metric
-from asyncppo.trainer.build import HEADLINE_KEYS
+from asyncppo.trainer.run_metrics import HEADLINE_KEYS
 
 
 class FakeClock:

@@ -5,27 +5,10 @@ import pytest
 from transformers import LlamaConfig, Qwen2Config
 
 from asyncppo.models.flops import DecoderShape, FlopCounter
+from model_shapes import QWEN2_5_0_5B, SMALL
 
-# hidden 4, intermediate 8, 2 layers, 2 heads of width 2 (A = 4), 1 KV head, vocab 10.
-SMALL = DecoderShape(
-    hidden_size=4,
-    intermediate_size=8,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=2,
-    vocab_size=10,
-    tie_word_embeddings=False,
-)
-QWEN_0_5B = Qwen2Config(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-)
+# SMALL: hidden 4, intermediate 8, 2 layers, 2 heads of width 2 (A = 4), 1 KV head, vocab 10, untied.
+QWEN_0_5B = Qwen2Config(**QWEN2_5_0_5B)
 
 
 def test_small_shape_parameters():

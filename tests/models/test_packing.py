@@ -15,6 +15,7 @@ from asyncppo.models.packing import pack_rows
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.value import load_value_model, value_head, values
 from asyncppo.models.varlen_attention import PACKED_ATTENTION, use_packed_attention, varlen_attention
+from model_shapes import QWEN2_5_0_5B
 
 LENGTHS = [5, 9, 1, 12, 3]  # ragged, with a one-token row (nothing to predict) and the longest in the middle
 
@@ -131,16 +132,8 @@ def test_an_all_padding_batch_packs_to_zeros(policy: PreTrainedModel) -> None:
 
 def _qwen_like(device: str) -> PreTrainedModel:
     """A small random Qwen2 (14 query heads over 2 kv heads, head size 64, as Qwen2.5-0.5B) in bf16."""
-    config = Qwen2Config(
-        vocab_size=4096,
-        hidden_size=896,
-        intermediate_size=1024,
-        num_hidden_layers=2,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
+    shrunk = {"vocab_size": 4096, "intermediate_size": 1024, "num_hidden_layers": 2, "max_position_embeddings": 4096}
+    config = Qwen2Config(**(QWEN2_5_0_5B | shrunk))
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config).to(device=device, dtype=torch.bfloat16)
 

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from asyncppo.config import validate_tree
-from asyncppo.config.losses import PolicyLossConfig
-from asyncppo.config.ppo import AdvEstimatorConfig, RewardScalingConfig
+from asyncppo.config.ppo import RewardScalingConfig
 from asyncppo.data.prompt_stream import PromptStream
 from asyncppo.pipeline.dynamic_sampling import (
     UNUSED_KEPT_GROUP,
@@ -27,34 +26,14 @@ from asyncppo.pipeline.sources import GroupOutcome, SyncBatchSource
 from asyncppo.trainer.ppo_step import StepSettings, group_training_rewards
 from asyncppo.trainer.run_inputs import dynamic_sampling
 from asyncppo.types import MessageSpan, Trajectory
+from ppo_settings import gae, gae_section, plain_step_settings
 
 Row = dict[str, Any]
 GENERATIONS = 2
 
 
 def step_settings(reward_scaling: RewardScalingConfig | None = None) -> StepSettings:
-    return StepSettings(
-        advantage=AdvEstimatorConfig(
-            name="gae",
-            normalize_advantages=True,
-            residual_baseline=False,
-            gae_gamma=1.0,
-            gae_lambda=0.95,
-            gae_lambda_value=None,
-            gae_lambda_policy=None,
-            length_adaptive_alpha=0.0,
-        ),
-        policy_loss=PolicyLossConfig(),
-        ppo_epochs=1,
-        critic_ppo_epochs=1,
-        policy_training_start_step=0,
-        log_post_update_critic_metrics=False,
-        homogeneous_group_weight=1.0,
-        seq_logprob_error_threshold=None,
-        overlong_filtering=False,
-        need_reference_logprobs=False,
-        reward_scaling=reward_scaling,
-    )
+    return plain_step_settings(gae(normalize_advantages=True, gae_lambda=0.95), reward_scaling=reward_scaling)
 
 
 class RewardByRow:
@@ -223,16 +202,7 @@ def test_the_run_builds_dynamic_sampling_from_its_config_with_its_reward_process
         "num_generations_per_prompt": 2,
         "max_num_steps": 1,
         "ppo_epochs": 1,
-        "adv_estimator": {
-            "name": "gae",
-            "gae_gamma": 1.0,
-            "gae_lambda": 0.95,
-            "gae_lambda_value": None,
-            "gae_lambda_policy": None,
-            "length_adaptive_alpha": 0.0,
-            "normalize_advantages": True,
-            "residual_baseline": False,
-        },
+        "adv_estimator": gae_section(normalize_advantages=True, gae_lambda=0.95),
     }
     tree: dict[str, Any] = {
         "model": {"model_name": "tiny:tiny", "train_micro_batch_size": 4},

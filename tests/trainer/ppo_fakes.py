@@ -6,7 +6,8 @@ Shapes: B rows, S positions (right padding, pad id 0).
 """
 
 import copy
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -18,29 +19,14 @@ from asyncppo.trainer.ppo_step import StepSettings
 from asyncppo.types import MessageSpan, Role, TrainBatch, Trajectory, collate_trajectories
 from asyncppo.workers.groups import PolicyModel, ValueModel
 from asyncppo.workers.value_worker import Offsets
+from ppo_settings import gae_section, turn_gae_section
 
 PAD = 0
 GENERATION_LOGPROB = -0.5
 
 # gamma = lambda = 1 makes every token-level return equal the terminal reward: G_t = R.
-GAE: dict[str, Any] = {
-    "name": "gae",
-    "gae_gamma": 1.0,
-    "gae_lambda": 1.0,
-    "gae_lambda_value": None,
-    "gae_lambda_policy": None,
-    "length_adaptive_alpha": 0.0,
-    "normalize_advantages": False,
-    "residual_baseline": False,
-}
-TURN_GAE: dict[str, Any] = {
-    "name": "turn_gae",
-    "turn_gae_gamma": 1.0,
-    "turn_gae_lambda_value": 0.5,
-    "turn_gae_lambda_policy": 1.0,
-    "normalize_advantages": False,
-    "residual_baseline": False,
-}
+GAE = gae_section()
+TURN_GAE = turn_gae_section(turn_gae_lambda_value=0.5)
 _TREE: dict[str, Any] = {
     "model": {"model_name": "tiny:tiny", "train_micro_batch_size": 2},
     "value": {"train_micro_batch_size": 2},
@@ -65,6 +51,31 @@ def settings_from_config(
     return step_settings(validate_tree(tree))
 
 
+def trajectory_of_ids(
+    messages: Sequence[tuple[Role, Sequence[int]]], reward: float, group_id: int, sample_index: int = 0, **fields: Any
+) -> Trajectory:
+    """A rollout of policy version 0 whose messages are `messages` (role, token ids); the messages before the first
+    assistant one are the prompt.
+
+    The assistant tokens are the generated ones (loss mask 1, generation logprob -0.5); `fields` sets the others
+    (`mask_sample`, `task`, ...).
+    """
+    loss_mask = [int(role == "assistant") for role, ids in messages for _ in ids]
+    return Trajectory(
+        token_ids=[token for _, ids in messages for token in ids],
+        loss_mask=loss_mask,
+        generation_logprobs=[GENERATION_LOGPROB * generated for generated in loss_mask],
+        prompt_length=loss_mask.index(1),
+        message_log=[MessageSpan(role, len(ids)) for role, ids in messages],
+        reward=reward,
+        group_id=group_id,
+        sample_index=sample_index,
+        policy_version=0,
+        last_policy_version=0,
+        **fields,
+    )
+
+
 def trajectory(
     messages: Sequence[tuple[Role, int]], reward: float, group_id: int, sample_index: int = 0, mask_sample: bool = False
 ) -> Trajectory:
@@ -72,21 +83,9 @@ def trajectory(
 
     Token t has id 10 + t; the assistant tokens are the generated ones (loss mask 1, generation logprob -0.5).
     """
-    roles = [role for role, num_tokens in messages for _ in range(num_tokens)]
-    loss_mask = [int(role == "assistant") for role in roles]
-    return Trajectory(
-        token_ids=[10 + position for position in range(len(roles))],
-        loss_mask=loss_mask,
-        generation_logprobs=[GENERATION_LOGPROB * generated for generated in loss_mask],
-        prompt_length=messages[0][1],
-        message_log=[MessageSpan(role, num_tokens) for role, num_tokens in messages],
-        reward=reward,
-        group_id=group_id,
-        sample_index=sample_index,
-        policy_version=0,
-        last_policy_version=0,
-        mask_sample=mask_sample,
-    )
+    ids = itertools.count(10)
+    with_ids = [(role, [next(ids) for _ in range(num_tokens)]) for role, num_tokens in messages]
+    return trajectory_of_ids(with_ids, reward, group_id, sample_index, mask_sample=mask_sample)
 
 
 def single_turn(
@@ -169,16 +168,19 @@ class FakePolicy(PolicyModel):
 
 
 class FakeValue(ValueModel):
-    """A critic whose values are the fixed `[B, S]` tensor it was built with; train reports `pass_metrics`."""
+    """A critic whose values are the fixed `[B, S]` tensor it was built with, or a function of the batch it scores
+    (for a critic whose layout differs from the policy's); train reports `pass_metrics`."""
 
-    def __init__(self, log: CallLog, values: torch.Tensor) -> None:
+    def __init__(self, log: CallLog, values: torch.Tensor | Callable[[TrainBatch], torch.Tensor]) -> None:
         self.log = log
-        self._values = values.float()
+        self._values = values
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
-        assert self._values.shape == batch.input_ids.shape, "the fake's values must match the batch"
         self.log.calls.append(Call("value.values", snapshot(batch)))
-        return self._values.clone()
+        if callable(self._values):
+            return self._values(batch).float()
+        assert self._values.shape == batch.input_ids.shape, "the fake's values must match the batch"
+        return self._values.float().clone()
 
     def train(self, batch: TrainBatch, offsets: Offsets | None = None) -> dict[str, float]:
         passes = len(self.log.of("value.train"))

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from asyncppo.config import ConfigError, load_config
-from asyncppo.trainer.builders import ModelPaths, resolve_model_path
+from asyncppo.trainer.setup import ModelPaths, resolve_model_path
 
 DEMO = Path(__file__).parents[2] / "examples" / "configs" / "demo.yaml"
 

@@ -2,7 +2,7 @@
 peak's sources (the table, cluster.peak_tflops, none on CPU), the padding ratio from the workers' token counters,
 and phases that did not run leave their keys out.
 
-The models have the shape of tests/models/test_flops.py's SMALL decoder (hidden 4, intermediate 8, 2 layers, 2
+The models have the shape of tests/model_shapes.py's SMALL decoder (hidden 4, intermediate 8, 2 layers, 2
 heads of width 2, 1 KV head, vocab 10): N = 328 for the policy, 292 for the critic, A = 4.
 """
 
@@ -14,22 +14,13 @@ from ppo_fakes import GAE, collate, single_turn
 from transformers import GPT2Config, LlamaConfig
 
 from asyncppo.config import validate_tree
-from asyncppo.models.flops import DecoderShape, FlopCounter
-from asyncppo.trainer.builders import ModelPaths
+from asyncppo.models.flops import FlopCounter
 from asyncppo.trainer.perf import PerfMeter, known_peak_tflops, padding_ratio, peak_flops_per_device, perf_meter
 from asyncppo.trainer.placement import Layout
+from asyncppo.trainer.setup import ModelPaths
 from asyncppo.types import TrainBatch
+from model_shapes import SMALL
 
-SMALL = DecoderShape(
-    hidden_size=4,
-    intermediate_size=8,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=2,
-    vocab_size=10,
-    tie_word_embeddings=False,
-)
 PEAK = 1e4  # FLOP/s per device
 # Sequences of 3 and 2 real tokens (prompt + response), 5 in all.
 # policy forward: L=3 2 x 328 x 3 + 2 x 4 x 4 x 6 = 1968 + 192 = 2160; L=2 2 x 328 x 2 + 2 x 4 x 4 x 3 = 1312 + 96
@@ -56,17 +47,15 @@ COUNTERS = {
 }
 
 
-def _meter(peak_flops: float | None = PEAK) -> PerfMeter:
-    """2 policy devices, the critic on 1, 4 devices in the run (a generator too); 2 policy and 3 critic epochs."""
+def _meter(peak_flops: float | None = PEAK, critic: bool = True, **layout: int) -> PerfMeter:
+    """A meter of SMALL models; unless `layout` says otherwise, 2 policy devices, the critic on 1, 4 devices in the
+    run (a generator too), 2 policy and 3 critic epochs."""
+    counts = {"policy_devices": 2, "critic_devices": 1, "all_devices": 4, "ppo_epochs": 2, "critic_ppo_epochs": 3}
     return PerfMeter(
         policy=FlopCounter.for_model(SMALL, "policy"),
-        critic=FlopCounter.for_model(SMALL, "critic"),
+        critic=FlopCounter.for_model(SMALL, "critic") if critic else None,
         peak_flops=peak_flops,
-        policy_devices=2,
-        critic_devices=1,
-        all_devices=4,
-        ppo_epochs=2,
-        critic_ppo_epochs=3,
+        **(counts | layout),
     )
 
 
@@ -125,16 +114,7 @@ def test_phases_that_did_not_run_leave_their_keys_out():
 
 
 def test_a_run_without_a_critic_has_no_critic_keys():
-    meter = PerfMeter(
-        policy=FlopCounter.for_model(SMALL, "policy"),
-        critic=None,
-        peak_flops=PEAK,
-        policy_devices=1,
-        critic_devices=0,
-        all_devices=1,
-        ppo_epochs=1,
-        critic_ppo_epochs=1,
-    )
+    meter = _meter(critic=False, policy_devices=1, critic_devices=0, all_devices=1, ppo_epochs=1, critic_ppo_epochs=1)
     perf = meter.step_metrics(_batch(), {"timing/step": 2.0, "timing/logprobs": 0.5, "timing/policy_train": 1.0})
     assert set(perf) == {
         "perf/logprobs_mfu",
@@ -228,16 +208,7 @@ def test_perf_meter_reads_the_model_shapes_and_the_override_on_cpu(tmp_path: Pat
     ).save_pretrained(tmp_path)  # config.json only: the meter never loads weights
     paths = ModelPaths(policy=tmp_path, tokenizer=tmp_path, value=tmp_path)
     meter = perf_meter(validate_tree(_tree(peak_tflops=0.5)), paths, LAYOUT, "cpu")
-    assert meter == PerfMeter(
-        policy=FlopCounter.for_model(SMALL, "policy"),
-        critic=FlopCounter.for_model(SMALL, "critic"),
-        peak_flops=0.5e12,
-        policy_devices=1,
-        critic_devices=1,
-        all_devices=2,
-        ppo_epochs=2,
-        critic_ppo_epochs=2,
-    )
+    assert meter == _meter(0.5e12, policy_devices=1, critic_devices=1, all_devices=2, ppo_epochs=2, critic_ppo_epochs=2)
     assert perf_meter(validate_tree(_tree(peak_tflops=None)), paths, LAYOUT, "cpu").peak_flops is None
 
 

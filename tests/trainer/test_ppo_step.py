@@ -161,10 +161,15 @@ def _position_values(batch: TrainBatch) -> torch.Tensor:
     return 0.1 * torch.arange(batch.seq_len, dtype=torch.float32).expand(len(batch), batch.seq_len).clone()
 
 
-def test_turn_gae_supervises_the_critic_at_turn_anchors_with_turn_returns() -> None:
+def _run_turn_batch(estimator: dict[str, Any]) -> tuple[StepOutput, CallLog, TrainBatch]:
+    """The turn batch through a step with V = 0.1 t: the output, the call log and the critic's training batch."""
     batch = _turn_batch()
-    output, log = _run(settings_from_config(TURN_GAE), batch, _position_values(batch))
-    critic = _only(log, "value.train")
+    output, log = _run(settings_from_config(estimator), batch, _position_values(batch))
+    return output, log, _only(log, "value.train")
+
+
+def test_turn_gae_supervises_the_critic_at_turn_anchors_with_turn_returns() -> None:
+    output, log, critic = _run_turn_batch(TURN_GAE)
 
     assert critic.critic_mask is not None and critic.critic_sample_mask is not None
     _close(critic.critic_mask, ANCHORS)
@@ -200,9 +205,7 @@ def test_turn_gae_supervises_the_critic_at_turn_anchors_with_turn_returns() -> N
 
 
 def test_token_gae_supervises_the_critic_on_every_response_token() -> None:
-    batch = _turn_batch()
-    _, log = _run(settings_from_config(GAE), batch, _position_values(batch))
-    critic = _only(log, "value.train")
+    _, _, critic = _run_turn_batch(GAE)
     assert critic.critic_mask is not None and critic.returns is not None
     _close(critic.critic_mask, RESPONSE)
     # gamma = lambda = 1: G_t = R on every response token (tool tokens carry nothing), 0 elsewhere.

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from asyncppo.cli.main import main
+from ppo_settings import gae_section
 
 REPO = Path(__file__).parents[2]
 pytestmark = pytest.mark.usefixtures("ray_tripwire")
@@ -35,16 +36,7 @@ def _tree(data_path: Path, reward_function: str = "exact_match") -> dict[str, An
             "max_num_steps": 2,
             "ppo_epochs": 1,
             "val_period": 0,
-            "adv_estimator": {
-                "name": "gae",
-                "gae_gamma": 1.0,
-                "gae_lambda": 1.0,
-                "gae_lambda_value": None,
-                "gae_lambda_policy": None,
-                "length_adaptive_alpha": 0.0,
-                "normalize_advantages": True,
-                "residual_baseline": False,
-            },
+            "adv_estimator": gae_section(normalize_advantages=True),
         },
         "cluster": {"device": "cpu"},
         "checkpointing": {"enabled": False},

@@ -7,15 +7,14 @@ from typing import Any
 
 import pytest
 import torch
+from ppo_fakes import CallLog, FakePolicy, FakeValue, trajectory_of_ids
 
-from asyncppo.config.losses import PolicyLossConfig
 from asyncppo.config.models import PrivilegedCriticConfig, PrivilegedFieldConfig
-from asyncppo.config.ppo import AdvEstimatorConfig
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.trainer.ppo_step import StepSettings, ppo_step
 from asyncppo.trainer.privileged_critic import CriticPrefixes, PrivilegedCritic, critic_batch, critic_layout
 from asyncppo.types import MessageSpan, Role, TrainBatch, Trajectory, collate_trajectories
-from asyncppo.workers.groups import PolicyModel, ValueModel
+from ppo_settings import gae, plain_step_settings, turn_gae
 
 PAD = 0
 
@@ -49,21 +48,7 @@ def _trajectory(
             messages.append(("tool", _ids(tokenizer, "<|im_end|>\n<|im_start|>tool\nok<|im_end|>\n")))
         answer = "1" * (sample_index + turn + 1)
         messages.append(("assistant", _ids(tokenizer, f"The answer is {answer}.<|im_end|>")))
-    token_ids = [token for _, ids in messages for token in ids]
-    loss_mask = [int(role == "assistant") for role, ids in messages for _ in ids]
-    return Trajectory(
-        token_ids=token_ids,
-        loss_mask=loss_mask,
-        generation_logprobs=[-0.5 * m for m in loss_mask],
-        prompt_length=len(messages[0][1]),
-        message_log=[MessageSpan(role, len(ids)) for role, ids in messages],
-        reward=reward,
-        group_id=group_id,
-        sample_index=sample_index,
-        policy_version=0,
-        last_policy_version=0,
-        task=task,
-    )
+    return trajectory_of_ids(messages, reward, group_id, sample_index, task=task)
 
 
 def _group_batch(tokenizer: Any, turns: int = 1, tasks: list[dict[str, Any]] | None = None) -> list[Trajectory]:
@@ -77,79 +62,17 @@ def _group_batch(tokenizer: Any, turns: int = 1, tasks: list[dict[str, Any]] | N
     ]
 
 
-class FakePolicy(PolicyModel):
-    """Logprobs = the generation logprobs (no mismatch); records the batches it trains on."""
-
-    def __init__(self) -> None:
-        self.trained: list[TrainBatch] = []
-
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        return batch.generation_logprobs.clone()
-
-    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        return batch.generation_logprobs.clone()
-
-    def train(self, batch: TrainBatch) -> dict[str, float]:
-        self.trained.append(batch)
-        return {"policy/loss": 0.0}
-
-    def train_on_policy(self, batch: TrainBatch) -> tuple[dict[str, float], torch.Tensor]:
-        return self.train(batch), self.logprobs(batch)
-
-
-class FakeValue(ValueModel):
+def critic_values(batch: TrainBatch) -> torch.Tensor:
     """V = 0.01 * token id: the same number for a token in either layout, so a correct move changes nothing."""
-
-    def __init__(self) -> None:
-        self.scored: list[TrainBatch] = []
-        self.trained: list[tuple[TrainBatch, Any]] = []
-
-    def values(self, batch: TrainBatch) -> torch.Tensor:
-        self.scored.append(batch)
-        return 0.01 * batch.input_ids.float() * batch.attention_mask
-
-    def train(self, batch: TrainBatch, offsets: Any = None) -> dict[str, float]:
-        self.trained.append((batch, offsets))
-        return {"critic/loss": 0.0}
-
-    def evaluate(self, batch: TrainBatch, offsets: Any = None) -> dict[str, float]:
-        raise AssertionError("these steps log no post-update critic metrics")
+    return 0.01 * batch.input_ids.float() * batch.attention_mask
 
 
 def _settings(estimator: str, residual: bool, privileged: bool) -> StepSettings:
     if estimator == "gae":
-        advantage = AdvEstimatorConfig(
-            name="gae",
-            normalize_advantages=True,
-            residual_baseline=residual,
-            gae_gamma=1.0,
-            gae_lambda=0.95,
-            gae_lambda_value=None,
-            gae_lambda_policy=None,
-            length_adaptive_alpha=0.0,
-        )
+        advantage = gae(normalize_advantages=True, residual_baseline=residual, gae_lambda=0.95)
     else:
-        advantage = AdvEstimatorConfig(
-            name="turn_gae",
-            normalize_advantages=True,
-            residual_baseline=residual,
-            turn_gae_gamma=1.0,
-            turn_gae_lambda_value=1.0,
-            turn_gae_lambda_policy=0.9,
-        )
-    return StepSettings(
-        advantage=advantage,
-        policy_loss=PolicyLossConfig(),
-        ppo_epochs=1,
-        critic_ppo_epochs=1,
-        policy_training_start_step=0,
-        log_post_update_critic_metrics=False,
-        homogeneous_group_weight=1.0,
-        seq_logprob_error_threshold=None,
-        overlong_filtering=False,
-        need_reference_logprobs=False,
-        privileged_critic=privileged,
-    )
+        advantage = turn_gae(normalize_advantages=True, residual_baseline=residual, turn_gae_lambda_policy=0.9)
+    return plain_step_settings(advantage, privileged_critic=privileged)
 
 
 # --- prefixes ----------------------------------------------------------------------------------------------------
@@ -229,13 +152,15 @@ def test_privilege_metrics_report_truncation_per_field(tokenizer: Any):
 
 
 def _run(tokenizer: Any, privileged: PrivilegedCritic | None, estimator: str, residual: bool):
+    """The step's output, the batches the policy trained on, the critic's calls by name, and the prefixes."""
     trajectories = _group_batch(tokenizer, turns=2 if estimator == "turn_gae" else 1)
     batch = collate_trajectories(trajectories, PAD)
     prefixes = privileged.prefixes(trajectories) if privileged is not None else None
-    policy, value = FakePolicy(), FakeValue()
+    log = CallLog()
     settings = _settings(estimator, residual, privileged=prefixes is not None)
-    output = ppo_step(settings, policy, value, batch, step=0, critic_prefixes=prefixes)
-    return output, policy, value, prefixes
+    output = ppo_step(settings, FakePolicy(log), FakeValue(log, critic_values), batch, step=0, critic_prefixes=prefixes)
+    assert log.of("value.evaluate") == []  # these steps log no post-update critic metrics
+    return output, [call.batch for call in log.of("policy.train")], log, prefixes
 
 
 @pytest.mark.parametrize("estimator", ["gae", "turn_gae"])
@@ -243,16 +168,18 @@ def _run(tokenizer: Any, privileged: PrivilegedCritic | None, estimator: str, re
 def test_privilege_composes_with_token_and_turn_gae_and_both_target_spaces(
     tokenizer: Any, privileged: PrivilegedCritic, estimator: str, residual: bool
 ):
-    plain, plain_policy, plain_value, _ = _run(tokenizer, None, estimator, residual)
-    output, policy, value, prefixes = _run(tokenizer, privileged, estimator, residual)
+    plain, plain_policy_batches, plain_value, _ = _run(tokenizer, None, estimator, residual)
+    output, policy_batches, value, prefixes = _run(tokenizer, privileged, estimator, residual)
     assert prefixes is not None
     # The fake critic ignores the prefix, so every policy-side number must match the plain run exactly.
     for key in ("values", "advantages", "returns", "critic_mask", "critic_sample_mask"):
         assert torch.equal(getattr(output.batch, key), getattr(plain.batch, key)), key
-    assert torch.equal(policy.trained[0].input_ids, plain_policy.trained[0].input_ids)  # the policy sees no block
+    assert torch.equal(policy_batches[0].input_ids, plain_policy_batches[0].input_ids)  # the policy sees no block
     assert output.metrics["critic/explained_var"] == plain.metrics["critic/explained_var"]
 
-    (trained, offsets), (plain_trained, plain_offsets) = value.trained[0], plain_value.trained[0]
+    trained, plain_trained = value.of("value.train")[0].batch, plain_value.of("value.train")[0].batch
+    offsets, plain_offsets = value.of("value.train")[0].offsets, plain_value.of("value.train")[0].offsets
+    assert offsets is not None and plain_offsets is not None
     layout = critic_layout(output.batch, prefixes)
     assert torch.equal(trained.input_ids, layout.input_ids)
     # Returns and the critic mask moved to the critic layout; [B] offsets and masks unchanged, rows in order.
@@ -261,7 +188,7 @@ def test_privilege_composes_with_token_and_turn_gae_and_both_target_spaces(
     assert all(torch.equal(a, b) for a, b in zip(offsets, plain_offsets, strict=True))
     assert torch.equal(trained.critic_sample_mask, plain_trained.critic_sample_mask)
     # Value clipping reads the values the critic produced in its own layout.
-    assert torch.equal(trained.values, 0.01 * trained.input_ids.float() * trained.attention_mask)
+    assert torch.equal(trained.values, critic_values(trained))
     assert residual == any(offset.abs().sum() > 0 for offset in offsets[:1])
 
 
@@ -269,7 +196,7 @@ def test_privilege_composes_with_token_and_turn_gae_and_both_target_spaces(
 def test_the_block_precedes_every_supervised_token(tokenizer: Any, privileged: PrivilegedCritic, estimator: str):
     _, _, value, prefixes = _run(tokenizer, privileged, estimator, residual=True)
     assert prefixes is not None
-    trained, _ = value.trained[0]
+    trained = value.of("value.train")[0].batch
     assert trained.critic_mask is not None
     for row, prefix in enumerate(prefixes.token_ids):
         supervised = trained.critic_mask[row].nonzero().flatten()
@@ -279,7 +206,7 @@ def test_the_block_precedes_every_supervised_token(tokenizer: Any, privileged: P
 def test_turn_anchors_survive_into_the_critic_layout(tokenizer: Any, privileged: PrivilegedCritic):
     output, _, value, prefixes = _run(tokenizer, privileged, "turn_gae", residual=True)
     assert prefixes is not None
-    trained, _ = value.trained[0]
+    trained = value.of("value.train")[0].batch
     for row, prefix in enumerate(prefixes.token_ids):
         policy_anchors = output.batch.critic_mask[row].nonzero().flatten()
         critic_anchors = trained.critic_mask[row].nonzero().flatten()
@@ -293,7 +220,7 @@ def test_step_reports_privilege_metrics_and_scores_the_critic_layout(tokenizer: 
     output, _, value, prefixes = _run(tokenizer, privileged, "gae", residual=False)
     assert prefixes is not None
     assert {key: output.metrics[key] for key in prefixes.metrics} == prefixes.metrics
-    assert value.scored[0].seq_len == max(
+    assert value.of("value.values")[0].batch.seq_len == max(
         len(p) + int(n) for p, n in zip(prefixes.token_ids, output.batch.attention_mask.sum(1), strict=True)
     )
 
@@ -301,13 +228,13 @@ def test_step_reports_privilege_metrics_and_scores_the_critic_layout(tokenizer: 
 def test_prefixes_and_settings_must_agree(tokenizer: Any, privileged: PrivilegedCritic):
     trajectories = _group_batch(tokenizer)
     batch = collate_trajectories(trajectories, PAD)
+    log = CallLog()
+    policy, value = FakePolicy(log), FakeValue(log, critic_values)
     with pytest.raises(ValueError, match="privileged critic is on but critic_prefixes was not given"):
-        ppo_step(_settings("gae", True, privileged=True), FakePolicy(), FakeValue(), batch, 0)
+        ppo_step(_settings("gae", True, privileged=True), policy, value, batch, 0)
     prefixes = privileged.prefixes(trajectories)
     with pytest.raises(ValueError, match="privileged critic is off but critic_prefixes was given"):
-        ppo_step(
-            _settings("gae", True, privileged=False), FakePolicy(), FakeValue(), batch, 0, critic_prefixes=prefixes
-        )
+        ppo_step(_settings("gae", True, privileged=False), policy, value, batch, 0, critic_prefixes=prefixes)
     short = CriticPrefixes(prefixes.token_ids[:3], PAD, {})
     with pytest.raises(ValueError, match="3 critic prefixes for a batch of 4 rows"):
-        ppo_step(_settings("gae", True, privileged=True), FakePolicy(), FakeValue(), batch, 0, critic_prefixes=short)
+        ppo_step(_settings("gae", True, privileged=True), policy, value, batch, 0, critic_prefixes=short)

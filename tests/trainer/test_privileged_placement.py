@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+from ppo_fakes import trajectory_of_ids
 
 from asyncppo.config.models import PrivilegedCriticConfig, PrivilegedFieldConfig
 from asyncppo.models.tokenizer import load_tokenizer
@@ -39,22 +40,8 @@ def _critic(tokenizer: Any, placement: str) -> PrivilegedCritic:
 
 def _trajectory(tokenizer: Any, prompt: list[tuple[Role, str]]) -> Trajectory:
     messages = [*prompt, ("assistant", RESPONSE)]
-    ids = [list(tokenizer.encode(text, add_special_tokens=False)) for _, text in messages]
-    token_ids = [token for part in ids for token in part]
-    loss_mask = [0] * (len(token_ids) - len(ids[-1])) + [1] * len(ids[-1])
-    return Trajectory(
-        token_ids=token_ids,
-        loss_mask=loss_mask,
-        generation_logprobs=[-0.5 * flag for flag in loss_mask],
-        prompt_length=len(token_ids) - len(ids[-1]),
-        message_log=[MessageSpan(role, len(part)) for (role, _), part in zip(messages, ids, strict=True)],
-        reward=1.0,
-        group_id=0,
-        sample_index=0,
-        policy_version=0,
-        last_policy_version=0,
-        task={"answer": "3"},
-    )
+    ids = [(role, tokenizer.encode(text, add_special_tokens=False)) for role, text in messages]
+    return trajectory_of_ids(ids, reward=1.0, group_id=0, task={"answer": "3"})
 
 
 @pytest.mark.parametrize(

@@ -2,15 +2,12 @@
 exactly the val/ and train/ metrics the driver logs, or a valid name would be refused (or a dead one accepted and
 keep_top_k would silently keep the newest checkpoints)."""
 
-from types import SimpleNamespace
-from typing import Any
-
 import torch
 from ppo_fakes import GAE, CallLog, FakePolicy, FakeValue, collate, settings_from_config, single_turn
 
 from asyncppo.config.runtime import RANKING_METRICS
 from asyncppo.trainer.ppo_step import ppo_step
-from asyncppo.trainer.run import Run
+from asyncppo.trainer.validation import Validation
 
 
 def _rankable(metrics: dict[str, float], namespace: str) -> set[str]:
@@ -28,11 +25,11 @@ def test_train_ranking_metrics_are_the_train_metrics_a_step_logs():
 
 def test_val_ranking_metrics_are_the_metrics_a_validation_logs():
     trajectories = [single_turn(2, 2, reward, 0, index) for index, reward in enumerate([1.0, 0.0])]
-    run: Any = SimpleNamespace(
-        config=SimpleNamespace(ppo=SimpleNamespace(max_val_samples=None, val_num_generations_per_prompt=2)),
-        validation_rows=[{"prompt": "1+1="}],
-        start_generation=lambda step, seed_offset=0: None,
-        validation_rollout=lambda rows, generations: (trajectories, 0),
+    validation = Validation(
+        [{"prompt": "1+1="}],
+        rollout=lambda rows, generations: (trajectories, 0),
+        num_generations_per_prompt=2,
+        reseed=lambda step, offset: None,
     )
-    metrics = Run.validate(run, 0)
+    metrics = validation.run(0)
     assert _rankable(metrics, "val") == {name for name in RANKING_METRICS if name.startswith("val:")}

@@ -66,36 +66,40 @@ def _train(run_dir: Path, *overrides: str) -> int:
     return main(["train", DEMO, "--run-dir", str(run_dir), *BASE, *overrides])
 
 
-@pytest.mark.usefixtures("ray_tripwire")
-def test_a_resume_with_another_batch_size_exits_2_naming_both_values_before_ray_starts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    run_dir = tmp_path / "run"
-    started = _started_run(run_dir)
-    assert _train(run_dir, "model.train_global_batch_size=32") == 2
-    captured = capsys.readouterr()
-    assert captured.err.splitlines() == [
-        "error: model.train_global_batch_size: 64 in the run's config, 32 now; a resumed run keeps its batch "
-        "shape: set it back to 64 or start a new run directory"
-    ]
-    assert (run_dir / "config.yaml").read_text() == started and history_entries(run_dir) == []
+REFUSED_RESUMES = [
+    pytest.param(
+        ["model.train_global_batch_size=32"],
+        [
+            "error: model.train_global_batch_size: 64 in the run's config, 32 now; a resumed run keeps its batch "
+            "shape: set it back to 64 or start a new run directory"
+        ],
+        id="another_batch_size",
+    ),
+    pytest.param(
+        ["ppo.max_num_steps=2", "data.shuffle=false"],
+        [
+            "error: ppo.max_num_steps: 2 is below the checkpoint's step 10 ({checkpoint}); raise it or start a new "
+            "run directory",
+            "error: data.shuffle: true in the run's config, false now; the checkpoint's prompt position counts rows "
+            "in that order: set it back to true or start a new run directory",
+        ],
+        id="max_num_steps_below_the_checkpoint_and_another_row_order",
+    ),
+]
 
 
 @pytest.mark.usefixtures("ray_tripwire")
-def test_a_resume_with_max_num_steps_below_the_checkpoint_exits_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("overrides", "errors"), REFUSED_RESUMES)
+def test_a_refused_resume_exits_2_naming_both_values_before_ray_starts_and_leaves_the_run_directory_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], errors: list[str]
 ) -> None:
     run_dir = tmp_path / "run"
     started = _started_run(run_dir)
-    assert _train(run_dir, "ppo.max_num_steps=2", "data.shuffle=false") == 2
+    assert _train(run_dir, *overrides) == 2
     checkpoint = run_dir / "checkpoints" / "step_10"
-    assert capsys.readouterr().err.splitlines() == [
-        f"error: ppo.max_num_steps: 2 is below the checkpoint's step 10 ({checkpoint}); raise it or start a new "
-        "run directory",
-        "error: data.shuffle: true in the run's config, false now; the checkpoint's prompt position counts rows in "
-        "that order: set it back to true or start a new run directory",
-    ]
+    assert capsys.readouterr().err.splitlines() == [line.format(checkpoint=checkpoint) for line in errors]
     assert (run_dir / "config.yaml").read_text() == started and not (run_dir / "config_history").exists()
+    assert history_entries(run_dir) == []
 
 
 def test_an_allowed_change_is_noted_and_recorded_once_and_an_equal_config_adds_nothing(

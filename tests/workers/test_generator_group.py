@@ -22,7 +22,7 @@ from asyncppo.generation.protocol import GenerationRequest, SamplingParams
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 from asyncppo.workers.generator_group import GenerationWorker, GeneratorGroup, prompt_units
 from asyncppo.workers.generator_worker import load_generator_worker
-from asyncppo.workers.ray_host import HostOptions, WorkerCallError, WorkerGroup, init_local_ray
+from asyncppo.workers.ray_host import HostOptions, WorkerCallError, WorkerGroup, init_local_ray, wait_until_built
 
 pytestmark = pytest.mark.integration
 ENGINE = EngineSettings(8, 512, 0, (EOS_TOKEN_ID,), PAD_TOKEN_ID, backend="graph")
@@ -40,7 +40,9 @@ def hosts(tiny_dir: Path) -> Iterator[list[object]]:
     factories = [
         functools.partial(load_generator_worker, str(tiny_dir), torch.float32, "cpu", ENGINE, rank) for rank in range(3)
     ]
-    started = WorkerGroup.start("generator", factories, HOST, timeout_s=60.0)
+    starting = WorkerGroup.launch("generator", factories, HOST, timeout_s=60.0)
+    wait_until_built([starting])
+    started = starting.group
     yield started.hosts
     started.kill()
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-from worker_fakes import make_batch, policy_loss_settings, weights_of, with_old_logprobs
+from worker_fakes import assert_resumes_bit_exactly, make_batch, policy_loss_settings, weights_of, with_old_logprobs
 
 from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.models.policy import load_policy, token_logprobs
@@ -114,18 +114,7 @@ def test_save_and_load_resume_bit_exactly(make_policy: MakePolicy, tmp_path: Pat
     batch = with_old_logprobs(worker, make_batch(LENGTHS))
     worker.train(batch)
     worker.train(batch)
-    saved = weights_of(worker.model)
-    worker.save(tmp_path / "policy")
-    continued = worker.train(batch)
-
-    resumed = make_policy(scheduler=schedule)
-    resumed.load(tmp_path / "policy")
-    assert all(torch.equal(tensor, saved[name]) for name, tensor in weights_of(resumed.model).items())
-    after_resume = resumed.train(batch)
-    assert after_resume == continued
-    assert all(
-        torch.equal(tensor, weights_of(worker.model)[name]) for name, tensor in weights_of(resumed.model).items()
-    )
+    saved = assert_resumes_bit_exactly(worker, make_policy(scheduler=schedule), batch, tmp_path / "policy")
 
     optimizer_state = torch.load(tmp_path / "policy" / "optimizer.pt", weights_only=True)
     assert "model.embed_tokens.weight" in optimizer_state["state"]  # keyed by name, not position

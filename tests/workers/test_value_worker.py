@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
-from worker_fakes import make_batch, weights_of
+from worker_fakes import assert_resumes_bit_exactly, make_batch, weights_of
 
 from asyncppo.algorithms.critic_metrics import pooled_explained_variance
 from asyncppo.config.losses import ValueLossConfig
@@ -87,17 +87,7 @@ def test_save_and_load_resume_bit_exactly(make_value: MakeValue, tmp_path: Path)
     worker = make_value(scheduler=schedule)
     batch = critic_batch(worker)
     worker.train(batch)
-    saved = weights_of(worker.model)
-    worker.save(tmp_path / "value")
-    continued = worker.train(batch)
-
-    resumed = make_value(scheduler=schedule)
-    resumed.load(tmp_path / "value")
-    assert all(torch.equal(tensor, saved[name]) for name, tensor in weights_of(resumed.model).items())
-    assert resumed.train(batch) == continued
-    assert all(
-        torch.equal(tensor, weights_of(worker.model)[name]) for name, tensor in weights_of(resumed.model).items()
-    )
+    saved = assert_resumes_bit_exactly(worker, make_value(scheduler=schedule), batch, tmp_path / "value")
 
     torch.load(tmp_path / "value" / "optimizer.pt", weights_only=True)
     torch.load(tmp_path / "value" / "scheduler.pt", weights_only=True)

@@ -1,9 +1,11 @@
-"""Fakes and builders shared by the worker tests (a synthetic ragged batch, default settings, weight snapshots).
+"""Fakes and builders shared by the worker tests (a synthetic ragged batch, default settings, weight snapshots, the
+save-and-resume check of both workers).
 
 A module with its own name (not conftest) so tests and spawned ranks import it unambiguously.
 """
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,7 +15,7 @@ from asyncppo.config.models import OptimizerConfig, SchedulerConfig
 from asyncppo.types import MessageSpan, TrainBatch
 from asyncppo.workers.policy_worker import PolicyWorker, PolicyWorkerSettings
 from asyncppo.workers.trained_model import TrainedModelSettings
-from asyncppo.workers.value_worker import ValueWorkerSettings
+from asyncppo.workers.value_worker import ValueWorker, ValueWorkerSettings
 
 PROMPT_LENGTH = 3
 
@@ -98,3 +100,20 @@ def with_old_logprobs(worker: PolicyWorker, batch: TrainBatch) -> TrainBatch:
 
 def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def assert_resumes_bit_exactly(
+    worker: PolicyWorker | ValueWorker, fresh: PolicyWorker | ValueWorker, batch: TrainBatch, directory: Path
+) -> dict[str, torch.Tensor]:
+    """Save `worker` to `directory` and train it once more; `fresh` (built with the same settings) loads the save
+    and must hold the saved weights, report the same metrics for the same pass and end with the same weights.
+    Returns the saved weights."""
+    saved = weights_of(worker.model)
+    worker.save(directory)
+    continued = worker.train(batch)
+    fresh.load(directory)
+    assert all(torch.equal(tensor, saved[name]) for name, tensor in weights_of(fresh.model).items())
+    assert fresh.train(batch) == continued
+    trained = weights_of(worker.model)
+    assert all(torch.equal(tensor, trained[name]) for name, tensor in weights_of(fresh.model).items())
+    return saved

@@ -11,7 +11,7 @@ The advantage mask is token_mask x (sample_mask > 0): a masked sample never feed
 and every advantage outside the mask is 0. An all-masked batch is an error.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -124,25 +124,52 @@ def compute_advantages(
     adv_mask = (token_mask.bool() & (sample_mask > 0).unsqueeze(1)).float()
     if adv_mask.sum() == 0:
         raise ValueError("every token is masked (token_mask x sample_mask is all 0): no advantage to estimate")
-
     if settings.name == "raw_reward":
         if values is not None:
             raise ValueError("raw_reward runs without a critic: pass values=None (see AdvEstimatorConfig.uses_critic)")
-        advantages = raw_reward_advantages(
-            rewards,
-            token_mask,
-            group_ids,
-            settings.raw_reward_baseline,
-            settings.raw_reward_normalize_std,
-            RAW_REWARD_STD_EPS,
+        raw = _raw_reward_estimate(settings, rewards, token_mask, sample_mask, group_ids)
+    else:
+        if values is None:
+            raise ValueError(f"adv_estimator.name={settings.name!r} needs critic values")
+        kl_penalty = _kl_penalty(policy_loss, old_logprobs, reference_logprobs)
+        raw = _residual_critic_estimate(
+            settings, rewards, values, token_mask, sample_mask, group_ids, kl_penalty, turn_spans
         )
-        baseline = torch.zeros_like(rewards, dtype=torch.float32)
-        homogeneous, _ = residual.group_composition(rewards, group_ids, baseline, sample_mask)
-        return _finish(settings, advantages, None, None, baseline, baseline, homogeneous, adv_mask, {})
+    return _whitened(settings, raw, adv_mask)
 
-    if values is None:
-        raise ValueError(f"adv_estimator.name={settings.name!r} needs critic values")
-    kl_penalty = _kl_penalty(policy_loss, old_logprobs, reference_logprobs)
+
+def _raw_reward_estimate(
+    settings: AdvEstimatorConfig,
+    rewards: torch.Tensor,
+    token_mask: torch.Tensor,
+    sample_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+) -> AdvantageResult:
+    """raw_reward's advantages before whitening; no critic, so no returns and zero return-space offsets."""
+    advantages = raw_reward_advantages(
+        rewards,
+        token_mask,
+        group_ids,
+        settings.raw_reward_baseline,
+        settings.raw_reward_normalize_std,
+        RAW_REWARD_STD_EPS,
+    )
+    baseline = torch.zeros_like(rewards, dtype=torch.float32)
+    homogeneous, _ = residual.group_composition(rewards, group_ids, baseline, sample_mask)
+    return AdvantageResult(advantages, None, None, baseline, baseline, homogeneous, {})
+
+
+def _residual_critic_estimate(
+    settings: AdvEstimatorConfig,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    token_mask: torch.Tensor,
+    sample_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    kl_penalty: torch.Tensor | None,
+    turn_spans: TurnSpans | None,
+) -> AdvantageResult:
+    """gae / turn_gae advantages before whitening, wrapped by the residual pieces (module docstring diagram)."""
     baseline, group_size = residual.leave_one_out_baseline(rewards, group_ids)
     homogeneous, metrics = residual.group_composition(rewards, group_ids, baseline, sample_mask)
     on = bool(settings.residual_baseline)
@@ -160,7 +187,7 @@ def compute_advantages(
     if on:
         returns = residual.residual_returns(returns, baseline, critic_mask)
     to_abs, to_res = residual.residual_offsets(baseline, on)
-    return _finish(settings, advantages, returns, critic_mask, to_abs, to_res, homogeneous, adv_mask, metrics)
+    return AdvantageResult(advantages, returns, critic_mask, to_abs, to_res, homogeneous, metrics)
 
 
 def _critic_estimate(
@@ -226,31 +253,14 @@ def _kl_penalty(
     )
 
 
-def _finish(
-    settings: AdvEstimatorConfig,
-    advantages: torch.Tensor,
-    returns: torch.Tensor | None,
-    critic_mask: torch.Tensor | None,
-    returns_to_abs: torch.Tensor,
-    returns_to_res: torch.Tensor,
-    group_homogeneous: torch.Tensor,
-    adv_mask: torch.Tensor,
-    metrics: dict[str, float],
-) -> AdvantageResult:
-    """Pre-whitening metrics, whitening, post-whitening advantages/{mean, max, min} over the advantage mask."""
+def _whitened(settings: AdvEstimatorConfig, raw: AdvantageResult, adv_mask: torch.Tensor) -> AdvantageResult:
+    """`raw` with its advantages whitened: pre-whitening metrics, whitening, post-whitening advantages/{mean, max,
+    min} over the advantage mask."""
     normalize = bool(settings.normalize_advantages)  # required (non-null) for every estimator by the schema
-    metrics = metrics | raw_advantage_metrics(advantages, adv_mask, normalize)
-    advantages = whiten_advantages(advantages, adv_mask, normalize)
+    metrics = raw.metrics | raw_advantage_metrics(raw.advantages, adv_mask, normalize)
+    advantages = whiten_advantages(raw.advantages, adv_mask, normalize)
     valid = advantages[adv_mask.bool()]
     metrics["advantages/mean"] = valid.mean().item()
     metrics["advantages/max"] = valid.max().item()
     metrics["advantages/min"] = valid.min().item()
-    return AdvantageResult(
-        advantages=advantages,
-        returns=returns,
-        critic_mask=critic_mask,
-        returns_to_abs=returns_to_abs,
-        returns_to_res=returns_to_res,
-        group_homogeneous=group_homogeneous,
-        metrics=metrics,
-    )
+    return replace(raw, advantages=advantages, metrics=metrics)

@@ -186,6 +186,7 @@ def policy_loss(
     Metrics are sums over this micro-batch divided by the global counts (`_min`/`_max` keys: local extremes);
     mismatch metrics are absent without generation_logprobs, and approx_entropy then samples from pi_old.
     loss = actor_loss + kl_penalty + behaviour_kl + positive_nll_loss holds for the reported terms.
+    One function past 60 lines on purpose: it is the one PPO loss, and every term of it reads in one place.
     """
     if not (global_valid_tokens > 0 and global_valid_seqs > 0):
         raise ValueError(

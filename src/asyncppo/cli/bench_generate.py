@@ -46,18 +46,15 @@ def run_bench_generate_command(args: argparse.Namespace) -> int:
     from asyncppo.generation.decoder_weights import DecoderWeights, UnsupportedModelError, decoder_shape
     from asyncppo.generation.engines import build_engine
     from asyncppo.models.policy import load_policy
-    from asyncppo.models.tokenizer import load_tokenizer
-    from asyncppo.trainer import builders
+    from asyncppo.trainer.setup import resolve_setup
 
     config = load_config(args.config, args.overrides)
     backends = [name for name in args.backends.split(",") if name]
     if unknown := [name for name in backends if name not in ("graph", "hf")]:
         raise ConfigError([f"--backends: unknown {unknown}; expected graph and/or hf"])
-    paths = builders.ModelPaths.resolve(config)
-    device = torch.device(builders.resolve_device(config))
-    tokenizer = load_tokenizer(paths.tokenizer)
-    eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
-    model = load_policy(paths.policy, dtype=builders.DTYPES[config.model.precision], device=device)
+    setup = resolve_setup(config)
+    device = torch.device(setup.device)
+    model = load_policy(setup.paths.policy, dtype=setup.dtype, device=device)
     try:
         shape = decoder_shape(model)
     except UnsupportedModelError as error:
@@ -65,7 +62,7 @@ def run_bench_generate_command(args: argparse.Namespace) -> int:
     dtype_bytes = next(model.parameters()).element_size()
     weight_bytes = DecoderWeights(model, shape, next(model.parameters()).dtype).num_bytes()
     bandwidth = copy_bandwidth(device)
-    print(f"model: {paths.policy} ({weight_bytes / 2**30:.2f} GiB of weights read per decode step) on {device}")
+    print(f"model: {setup.paths.policy} ({weight_bytes / 2**30:.2f} GiB of weights read per decode step) on {device}")
     print(f"measured copy bandwidth: {bandwidth / 1e9:,.0f} GB/s\n")
     print(HEADER)
     print("|" + "---|" * (HEADER.count("|") - 1))
@@ -76,7 +73,7 @@ def run_bench_generate_command(args: argparse.Namespace) -> int:
             # The hf engine decodes a wave as one static batch (no refill), so only graph runs the variable case.
             if args.variable_new_tokens and backend == "graph":
                 cases.append(BenchCase(backend, "variable", batch_size, args.prompt_tokens, args.variable_new_tokens))
-    base = builders.engine_settings(config, eos, pad)
+    base = setup.engine
     for case in cases:
         settings = dataclasses.replace(
             base,

@@ -33,18 +33,23 @@ def add_critic_arguments(commands: "argparse._SubParsersAction[argparse.Argument
 
 
 def run_critic_command(args: argparse.Namespace) -> int:
+    from asyncppo.trainer.setup import resolve_setup
+
     config = load_config(args.config, args.overrides)
     run_dir = Path(args.run_dir or config.logger.log_dir)
-    if args.critic_command == "collect":
+    collect = args.critic_command == "collect"
+    if collect and args.shards is not None and args.shards < 1:
+        raise ConfigError([f"--shards: {args.shards} is not a shard count; expected an integer >= 1"])
+    # Collection draws prompts from the data (pre-flight checked); pretraining reads only the collected shards.
+    setup = resolve_setup(config, Path(args.config).resolve().parent, data=collect)
+    if collect:
         from asyncppo.trainer.critic_collection import collect_shards
 
-        if args.shards is not None and args.shards < 1:
-            raise ConfigError([f"--shards: {args.shards} is not a shard count; expected an integer >= 1"])
-        paths = collect_shards(config, run_dir, num_shards=args.shards, config_dir=Path(args.config).resolve().parent)
+        paths = collect_shards(setup, run_dir, num_shards=args.shards)
         print(f"{len(paths)} shards in {run_dir}", flush=True)
         return 0
     from asyncppo.trainer.critic_pretraining import pretrain_critic
 
-    checkpoint, _ = pretrain_critic(config, run_dir)
+    checkpoint, _ = pretrain_critic(setup, run_dir)
     print(f"critic checkpoint: {checkpoint}; warm-start PPO with value.warm_start_path={checkpoint}", flush=True)
     return 0

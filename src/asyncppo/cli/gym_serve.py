@@ -23,9 +23,8 @@ from asyncppo.generation.engines import build_engine
 from asyncppo.gym.policy_server import PolicyServer
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.policy import load_policy
-from asyncppo.models.tokenizer import load_tokenizer
-from asyncppo.trainer import builders
-from asyncppo.trainer.gym_setup import check_builtin_resources, policy_server_settings
+from asyncppo.trainer.gym_setup import policy_server_settings
+from asyncppo.trainer.setup import RunSetup, check_builtin_resources, resolve_setup
 from asyncppo.workers.policy_http import HOST, start_policy_server
 
 READY = "ready"
@@ -37,9 +36,10 @@ def run_gym_serve_command(args: argparse.Namespace) -> int:
     stop_requested = threading.Event()
     with _stop_on_signals(stop_requested):
         config = load_config(args.config, args.overrides)
-        check_builtin_resources(config.env.gym.resources)
+        check_builtin_resources(config.env.gym.resources)  # whatever env.should_use_nemo_gym says: it serves them
+        setup = resolve_setup(config)
         with contextlib.ExitStack() as running:  # unwinds in reverse: gym, policy server, engine
-            server = _start_policy_server(config, running)
+            server = _start_policy_server(setup, running)
             gym = launch_builtin_gym(
                 server.url,
                 resources=config.env.gym.resources,
@@ -70,19 +70,14 @@ def _stop_on_signals(stop_requested: threading.Event) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _start_policy_server(config: RunConfig, running: contextlib.ExitStack) -> PolicyServer:
+def _start_policy_server(setup: RunSetup, running: contextlib.ExitStack) -> PolicyServer:
     """Load the policy, start its engine and serve it; `running` stops both when it unwinds."""
-    paths = builders.ModelPaths.resolve(config)
-    device = builders.resolve_device(config)
-    tokenizer = load_tokenizer(paths.tokenizer)
-    eos, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
-    engine = builders.engine_settings(config, eos, pad)
-    policy = load_policy(paths.policy, dtype=builders.DTYPES[config.model.precision], device=device)
-    generator = build_engine(policy, engine)
+    policy = load_policy(setup.paths.policy, dtype=setup.dtype, device=setup.device)
+    generator = build_engine(policy, setup.engine)
     running.callback(generator.close)
-    settings = policy_server_settings(config, str(paths.tokenizer))
+    settings = policy_server_settings(setup.config, str(setup.paths.tokenizer))
     try:
-        server = start_policy_server(generator, settings, rank=0, tokenizer=tokenizer)
+        server = start_policy_server(generator, settings, rank=0, tokenizer=setup.tokenizer)
     except OSError as error:
         raise ConfigError([f"env.gym.policy_server_port: cannot listen on {HOST}:{settings.port}: {error}"]) from error
     running.callback(server.stop)

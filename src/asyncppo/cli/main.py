@@ -16,6 +16,7 @@ User mistakes (config errors) print one line each and exit with status 2, never 
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from asyncppo.config import ConfigError
 
@@ -52,10 +53,24 @@ example (the demo config samples with temperature 1.0, top_p 1.0):
 """
 
 
+if TYPE_CHECKING:
+    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]  # pyright: ignore[reportPrivateUsage]  # argparse has no public name for it
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncppo", description="PPO post-training of language models.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_config_command(commands)
+    _add_train_and_gym_commands(commands)
+    _add_bench_command(commands)
+    _add_report_command(commands)
+    from asyncppo.cli.critic import add_critic_arguments
 
+    add_critic_arguments(commands)
+    return parser
+
+
+def _add_config_command(commands: "Commands") -> None:
     config = commands.add_parser("config", help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     show = config_commands.add_parser("show", help="print the resolved config (YAML files + overrides)")
@@ -70,6 +85,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_port_arguments(port)
 
+
+def _add_train_and_gym_commands(commands: "Commands") -> None:
     train = commands.add_parser("train", help="train a policy with PPO")
     train.add_argument("config", help="YAML run config (asyncppo's, or a NeMo-RL PPO config, ported first)")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.ppo_epochs=2")
@@ -87,6 +104,8 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("config", help="YAML run config (the one `asyncppo train` takes)")
     serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. env.gym.max_steps=4")
 
+
+def _add_bench_command(commands: "Commands") -> None:
     bench = commands.add_parser("bench", help="benchmarks")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="SUBCOMMAND")
     generate = bench_commands.add_parser(
@@ -104,6 +123,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_bench_train_arguments(bench_train)
 
+
+def _add_report_command(commands: "Commands") -> None:
     report = commands.add_parser(
         "report",
         help="write a self-contained HTML report of a run (curves, timings, config); two runs are overlaid",
@@ -115,10 +136,6 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="HTML file to write (default: RUN_DIR/report.html; with two runs RUN_DIR/report_vs_<B>.html)",
     )
-    from asyncppo.cli.critic import add_critic_arguments
-
-    add_critic_arguments(commands)
-    return parser
 
 
 def _printable(text: str) -> str:

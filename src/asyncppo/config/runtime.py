@@ -2,12 +2,14 @@
 logger.py)."""
 
 import re
-from dataclasses import dataclass
-from typing import Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from asyncppo.config.base import RuleError, Section
+
+if TYPE_CHECKING:  # types.py imports torch, which config-only commands never load (tests/cli/test_imports.py)
+    from asyncppo.types import SamplingProfile
 
 
 class GenerationResourcesConfig(Section):
@@ -60,18 +62,6 @@ class WeightSyncConfig(Section):
     def bucket_size_bytes(self) -> int:
         """bucket_size_mb in bytes."""
         return self.bucket_size_mb * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class SamplingProfile:
-    """A (temperature, top_p) pair: what gym clients stamp into requests and the policy server enforces.
-    Temperature 0 means greedy decoding."""
-
-    temperature: float
-    top_p: float
-
-    def __str__(self) -> str:
-        return f"({self.temperature}, {self.top_p})"
 
 
 class GenerationConfig(Section):
@@ -137,13 +127,17 @@ class GenerationConfig(Section):
         return self.model_copy(update={"num_workers": count})
 
     @property
-    def train_profile(self) -> SamplingProfile:
+    def train_profile(self) -> "SamplingProfile":
         """(temperature, top_p) of training rollouts."""
+        from asyncppo.types import SamplingProfile  # here, not at the top: see the TYPE_CHECKING import
+
         return SamplingProfile(self.temperature, self.top_p)
 
     @property
-    def validation_profile(self) -> SamplingProfile:
+    def validation_profile(self) -> "SamplingProfile":
         """(val_temperature, val_top_p), each falling back to its training value when null."""
+        from asyncppo.types import SamplingProfile  # here, not at the top: see the TYPE_CHECKING import
+
         return SamplingProfile(
             self.temperature if self.val_temperature is None else self.val_temperature,
             self.top_p if self.val_top_p is None else self.val_top_p,

@@ -52,6 +52,9 @@ if TRITON_AVAILABLE:
         BLOCK_N: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
+        """Split `split` of row `row`, KV head `kv_head`: the online-softmax partials (max, sum, weighted values) of
+        its G query heads over keys split * chunk .. min(+chunk, length) - 1. One body past 60 lines: a Triton
+        kernel is one program whose running max, sum and accumulator live in registers across the key loop."""
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)

@@ -44,28 +44,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
 
 
-def _project_qkv(
-    x: torch.Tensor,
-    qkv: torch.Tensor,
-    qkv_bias: torch.Tensor | None,
-    q_norm: torch.Tensor | None,
-    k_norm: torch.Tensor | None,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    shape: DecoderShape,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q [R, Hq, D], k and v [R, Hk, D] for R token rows, rotary applied (after Qwen3's per-head norms)."""
-    rows, head_dim = x.shape[0], shape.head_dim
-    projected = F.linear(x, qkv, qkv_bias)
-    q, k, v = projected.split([shape.q_size, shape.kv_size, shape.kv_size], dim=-1)
-    q = q.view(rows, shape.num_heads, head_dim)
-    k = k.view(rows, shape.num_kv_heads, head_dim)
-    v = v.view(rows, shape.num_kv_heads, head_dim)
-    if q_norm is not None and k_norm is not None:
-        q, k = rms_norm(q, q_norm, shape.rms_norm_eps), rms_norm(k, k_norm, shape.rms_norm_eps)
-    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
-
-
 def _mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, down)
@@ -104,10 +82,17 @@ def layer_qkv(
     shape: DecoderShape,
 ) -> torch.Tensor:
     """First part of a layer for R token rows (decode: one per sequence; prefill: packed): norm, q/k/v projection,
-    rotary. Writes k and v at (write_slots[r], write_positions[r]) of the layer's cache [S + 1, Hk, M, D] in place
-    and returns q [R, Hq, D]. Compiled, the write fuses into the projection's epilogue."""
+    Qwen3's per-head q/k norms, rotary. Writes k and v at (write_slots[r], write_positions[r]) of the layer's cache
+    [S + 1, Hk, M, D] in place and returns q [R, Hq, D]. Compiled, the write fuses into the projection's epilogue."""
+    rows, head_dim = hidden.shape[0], shape.head_dim
     x = rms_norm(hidden, input_norm, shape.rms_norm_eps)
-    q, k, v = _project_qkv(x, qkv, qkv_bias, q_norm, k_norm, cos, sin, shape)
+    q, k, v = F.linear(x, qkv, qkv_bias).split([shape.q_size, shape.kv_size, shape.kv_size], dim=-1)
+    q = q.view(rows, shape.num_heads, head_dim)
+    k = k.view(rows, shape.num_kv_heads, head_dim)
+    v = v.view(rows, shape.num_kv_heads, head_dim)
+    if q_norm is not None and k_norm is not None:
+        q, k = rms_norm(q, q_norm, shape.rms_norm_eps), rms_norm(k, k_norm, shape.rms_norm_eps)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     k_cache[write_slots, :, write_positions] = k
     v_cache[write_slots, :, write_positions] = v
     return q
@@ -161,7 +146,7 @@ def output_logits(hidden: torch.Tensor, weights: DecoderWeights) -> torch.Tensor
 
 @dataclass(frozen=True)
 class PrefillBatch:
-    """Device tensors of one packed prefill step on the eager path (built by the runner from the scheduler's chunks).
+    """Device tensors of one packed prefill step on the eager path (`prefill_packing.padded_prefill_batch`).
 
     Row n computes positions starts[n] .. ends[n]-1 of cache slot slots[n]; its tokens are packed contiguously
     in `token_ids`, followed by padding tokens (sink slot, position 0) up to T. `padded_index` [N, P] maps

@@ -18,8 +18,8 @@ from typing import Any, Literal
 from transformers import PreTrainedModel
 
 from asyncppo.generation.decoder_weights import UnsupportedModelError, decoder_shape
-from asyncppo.generation.graph_engine import GraphEngineSettings
 from asyncppo.generation.graph_generator import GraphGenerator
+from asyncppo.generation.graph_settings import GraphEngineSettings
 from asyncppo.generation.hf_generator import HFGenerator
 
 Backend = Literal["auto", "hf", "graph"]

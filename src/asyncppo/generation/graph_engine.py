@@ -1,7 +1,7 @@
 """The graph engine's scheduler: continuous batching of sequences over KV slots, one step at a time.
 
 `GraphGenerator` (`generation/graph_generator.py`) calls `step()` from its serving thread; tests drive it
-directly. No threads or locks here.
+directly. No threads or locks here. The settings, and the runner sizes they come to, are in `graph_settings.py`.
 
     add() --> waiting --admit (slot; prefix reuse)--> prefilling --prefill chunks--> decoding --> finished
                                                           ^                            |
@@ -20,21 +20,15 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import torch
 from transformers import PreTrainedModel
 
-from asyncppo.generation.decode_attention import TRITON_AVAILABLE
 from asyncppo.generation.decoder_weights import DecoderWeights, decoder_shape, rotary_inverse_frequencies
-from asyncppo.generation.graph_runner import (
-    ActiveRow,
-    GraphRunner,
-    PrefillChunk,
-    RunnerSettings,
-    decode_buckets,
-    prefill_buckets,
-)
+from asyncppo.generation.graph_runner import GraphRunner
+from asyncppo.generation.graph_settings import GraphEngineSettings, runner_settings
 from asyncppo.generation.kv_slots import SlotTable
+from asyncppo.generation.prefill_packing import PrefillChunk
 from asyncppo.generation.protocol import FinishReason, GenerationRequest, GenerationResult
+from asyncppo.generation.slot_state import ActiveRow
 
 _MASK64 = (1 << 64) - 1
 
@@ -45,43 +39,6 @@ def request_seed(engine_seed: int, ordinal: int) -> int:
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (value ^ (value >> 31)) & ((1 << 63) - 1)
-
-
-@dataclass(frozen=True)
-class GraphEngineSettings:
-    """How the graph engine is sized and scheduled (plain values; built from the `generation` config section)."""
-
-    max_batch_size: int
-    """Most sequences decoding (or prefilling) at once."""
-    max_context_length: int
-    """Prompt + generated tokens of one sequence."""
-    eos_token_ids: tuple[int, ...]
-    seed: int
-    kv_cache_tokens: int | None = None
-    """KV cache size in tokens; None = from gpu_memory_utilization on CUDA, max_batch_size x 2 slots on CPU."""
-    gpu_memory_utilization: float = 0.6
-    """Share of the GPU's total memory the engine may bring the process to (weights, cache, graphs)."""
-    prefix_cache: bool = True
-    """Keep finished sequences' KV for reuse by prompts that start with the same tokens."""
-    min_reused_tokens: int = 16
-    """Shortest shared prefix worth taking a cached slot over for."""
-    max_prefill_tokens: int = 8192
-    """Tokens one prefill step computes (longer contexts are chunked over several steps)."""
-    max_prefill_wait_steps: int = 8
-    """Decode steps a waiting context may be held back while prefills are batched."""
-    prefill_batch_ratio: int = 16
-    """Prefill as soon as the contexts waiting for it number at least 1/this of the decoding rows (else they
-    wait up to max_prefill_wait_steps, so that arrivals share one prefill step)."""
-    max_decode_steps_per_sync: int = 8
-    """Decode steps run back to back before the host reads which rows finished (never past the step where the
-    last row's token budget ends, nor past the wait limit of a context waiting for prefill): the host's
-    bookkeeping then overlaps the device's work. A finished row idles for at most this many - 1 steps."""
-    recompute_kv_after_weight_update: bool = False
-    """After new weights, recompute the KV of running rows (prompt + tokens so far) instead of keeping it."""
-    use_cuda_graphs: bool | None = None
-    """None = on CUDA devices."""
-    compile: bool | None = None
-    """None = on CUDA devices."""
 
 
 @dataclass
@@ -128,50 +85,6 @@ class _Sequence:
     waited_steps: int = 0
 
 
-def _runner_settings(
-    settings: GraphEngineSettings, shape_bytes_per_token: int, head_dim: int, device: torch.device
-) -> RunnerSettings:
-    max_positions = -(-settings.max_context_length // 16) * 16
-    buckets = decode_buckets(settings.max_batch_size)
-    wanted = buckets[-1] + (settings.max_batch_size if settings.prefix_cache else 0)
-    slot_bytes = max_positions * shape_bytes_per_token
-    if settings.kv_cache_tokens is not None:
-        affordable, source = settings.kv_cache_tokens // max_positions, f"kv_cache_tokens={settings.kv_cache_tokens}"
-    elif device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        budget = settings.gpu_memory_utilization * total - (total - free)
-        affordable = int(budget // slot_bytes)
-        source = (
-            f"gpu_memory_utilization={settings.gpu_memory_utilization} ({budget / 2**30:.1f} GiB left of "
-            f"{total / 2**30:.0f} GiB)"
-        )
-    else:
-        affordable, source = wanted, ""
-    num_slots = min(wanted, affordable)
-    if num_slots < buckets[-1]:
-        raise ValueError(
-            f"generation: the KV cache ({source}) holds {max(affordable, 0)} sequences of {max_positions} tokens, "
-            f"fewer than max_batch_size={settings.max_batch_size} (rounded to {buckets[-1]}); lower "
-            "generation.max_batch_size or the context length, or raise the cache size"
-        )
-    on_cuda = device.type == "cuda"
-    use_graphs = on_cuda if settings.use_cuda_graphs is None else settings.use_cuda_graphs
-    # The kernels take the head dim as one power-of-two tile (every Llama / Qwen / Mistral size is one).
-    triton_kernels = on_cuda and TRITON_AVAILABLE and head_dim >= 16 and head_dim & (head_dim - 1) == 0
-    return RunnerSettings(
-        num_slots=num_slots,
-        max_positions=max_positions,
-        max_new_tokens=max_positions,
-        max_stop_ids=8,
-        decode_buckets=buckets,
-        window_step=256 if on_cuda else 64,
-        use_cuda_graphs=use_graphs,
-        compile=on_cuda if settings.compile is None else settings.compile,
-        triton_kernels=triton_kernels,
-        prefill_buckets=prefill_buckets(settings.max_prefill_tokens) if triton_kernels else (),
-    )
-
-
 class GraphEngine:
     """Sequences in, GenerationResults out through their futures; `step()` does one prefill or decode step."""
 
@@ -182,22 +95,22 @@ class GraphEngine:
         self.settings = settings
         self.vocab_size = shape.vocab_size
         self.weights = DecoderWeights(model, shape, dtype)
-        runner_settings = _runner_settings(settings, shape.kv_bytes_per_token(dtype.itemsize), shape.head_dim, device)
-        if len(settings.eos_token_ids) >= runner_settings.max_stop_ids:
-            raise ValueError(f"at most {runner_settings.max_stop_ids - 1} EOS ids, got {settings.eos_token_ids}")
-        self.runner = GraphRunner(self.weights, rotary_inverse_frequencies(model), runner_settings)
-        self.slots = SlotTable(runner_settings.num_slots, settings.min_reused_tokens)
+        sizes = runner_settings(settings, shape.kv_bytes_per_token(dtype.itemsize), shape.head_dim, device)
+        if len(settings.eos_token_ids) >= sizes.max_stop_ids:
+            raise ValueError(f"at most {sizes.max_stop_ids - 1} EOS ids, got {settings.eos_token_ids}")
+        self.runner = GraphRunner(self.weights, rotary_inverse_frequencies(model), sizes)
+        self.slots = SlotTable(sizes.num_slots, settings.min_reused_tokens)
         self.policy_version = policy_version
         self._seed, self._ordinal = settings.seed, 0
         self._waiting: deque[_Sequence] = deque()
         self._prefilling: list[_Sequence] = []
         self._decoding: dict[int, _Sequence] = {}  # by slot
         self.stats = GraphEngineStats(
-            num_slots=runner_settings.num_slots,
+            num_slots=sizes.num_slots,
             kv_cache_bytes=sum(t.numel() * t.element_size() for t in (*self.runner.k_caches, *self.runner.v_caches)),
             weight_bytes=self.weights.num_bytes(),
         )
-        if runner_settings.use_cuda_graphs:
+        if sizes.use_cuda_graphs:
             self.runner.capture_graphs()
             self.stats.compile_seconds = self.runner.compile_seconds
             self.stats.capture_seconds = self.runner.capture_seconds
@@ -256,11 +169,11 @@ class GraphEngine:
         self.slots.invalidate()
         if self.settings.recompute_kv_after_weight_update:
             for slot, sequence in list(self._decoding.items()):
-                tokens, _ = self.runner.read_generated(slot)
+                tokens, _ = self.runner.state.read_generated(slot)
                 sequence.context = list(sequence.request.prompt_token_ids) + tokens
                 self._prefilling.append(sequence)
                 self.stats.recomputed_rows += 1
-            self.runner.deactivate(list(self._decoding))
+            self.runner.state.deactivate(list(self._decoding))
             self._decoding.clear()
             for sequence in self._prefilling:
                 sequence.computed = 0
@@ -268,7 +181,7 @@ class GraphEngine:
     def fail_all(self, error: BaseException) -> None:
         """Fail every queued and running request with `error` and free their slots (after a failed step)."""
         sequences = [*self._waiting, *self._prefilling, *self._decoding.values()]
-        self.runner.deactivate(list(self._decoding))
+        self.runner.state.deactivate(list(self._decoding))
         for sequence in sequences:
             if sequence.slot >= 0:
                 self.slots.release(sequence.slot, (), self.policy_version)
@@ -306,9 +219,32 @@ class GraphEngine:
             self._prefilling.append(sequence)
 
     def _prefill_step(self) -> None:
+        """Prefill the next chunks of the prefilling rows; a row whose context is complete samples its first token
+        and goes on to decode, or finishes at once."""
         start = time.perf_counter()
-        chunks: list[PrefillChunk] = []
-        chunked: list[_Sequence] = []
+        chunked = self._next_prefill_chunks()
+        chunks = [chunk for _, chunk in chunked]
+        tokens, logprobs = self.runner.prefill(chunks)
+        self.stats.prefill_steps += 1
+        self.stats.prefill_tokens_computed += sum(len(chunk.token_ids) for chunk in chunks)
+        sampled = iter(zip(tokens, logprobs, strict=True))
+        activated: list[ActiveRow] = []
+        for sequence, chunk in chunked:
+            sequence.computed += len(chunk.token_ids)
+            if not chunk.sample:
+                continue
+            self._prefilling.remove(sequence)
+            token, logprob = next(sampled)
+            row = self._first_token(sequence, token, logprob)
+            if row is not None:
+                activated.append(row)
+                self._decoding[sequence.slot] = sequence
+        self.runner.state.activate(activated)
+        self.stats.prefill_seconds += time.perf_counter() - start
+
+    def _next_prefill_chunks(self) -> list[tuple[_Sequence, PrefillChunk]]:
+        """The next chunk of each prefilling row, oldest first, while the step's token budget lasts."""
+        chunked: list[tuple[_Sequence, PrefillChunk]] = []
         budget = self.settings.max_prefill_tokens
         for sequence in self._prefilling:
             if budget <= 0:
@@ -316,59 +252,46 @@ class GraphEngine:
             remaining = len(sequence.context) - sequence.computed
             take = min(remaining, budget)
             sampling = sequence.request.sampling
-            chunks.append(
-                PrefillChunk(
-                    slot=sequence.slot,
-                    token_ids=tuple(sequence.context[sequence.computed : sequence.computed + take]),
-                    start=sequence.computed,
-                    sample=take == remaining,
-                    temperature=1.0 if sampling.greedy else sampling.temperature,
-                    top_p=sampling.top_p,
-                    top_k=sampling.top_k,
-                    greedy=sampling.greedy,
-                    seed=sequence.seed,
-                )
+            chunk = PrefillChunk(
+                slot=sequence.slot,
+                token_ids=tuple(sequence.context[sequence.computed : sequence.computed + take]),
+                start=sequence.computed,
+                sample=take == remaining,
+                temperature=1.0 if sampling.greedy else sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                greedy=sampling.greedy,
+                seed=sequence.seed,
             )
-            chunked.append(sequence)
+            chunked.append((sequence, chunk))
             budget -= take
-        tokens, logprobs = self.runner.prefill(chunks)
-        self.stats.prefill_steps += 1
-        self.stats.prefill_tokens_computed += sum(len(chunk.token_ids) for chunk in chunks)
-        sampled = iter(zip(tokens, logprobs, strict=True))
-        activated: list[ActiveRow] = []
-        for sequence, chunk in zip(chunked, chunks, strict=True):
-            sequence.computed += len(chunk.token_ids)
-            if not chunk.sample:
-                continue
-            self._prefilling.remove(sequence)
-            token, logprob = next(sampled)
-            if sequence.first_version is None:
-                sequence.first_version = self.policy_version
-            sequence.num_generated += 1
-            if token in sequence.stop_ids or sequence.num_generated >= sequence.budget:
-                earlier = self.runner.read_generated(sequence.slot) if sequence.num_generated > 1 else ([], [])
-                self._finish(sequence, [*earlier[0], token], [*earlier[1], logprob])
-                continue
-            sampling = sequence.request.sampling
-            activated.append(
-                ActiveRow(
-                    slot=sequence.slot,
-                    input_token=token,
-                    input_logprob=logprob,
-                    context_length=len(sequence.context) + 1,
-                    num_generated=sequence.num_generated,
-                    budget=sequence.budget,
-                    stop_ids=sequence.stop_ids,
-                    temperature=1.0 if sampling.greedy else sampling.temperature,
-                    top_p=sampling.top_p,
-                    top_k=sampling.top_k,
-                    greedy=sampling.greedy,
-                    seed=sequence.seed,
-                )
-            )
-            self._decoding[sequence.slot] = sequence
-        self.runner.activate(activated)
-        self.stats.prefill_seconds += time.perf_counter() - start
+        return chunked
+
+    def _first_token(self, sequence: _Sequence, token: int, logprob: float) -> ActiveRow | None:
+        """Record the token a prefill sampled for `sequence`: the row's ActiveRow for decode, or None when that
+        token already ends it (a stop id, or its budget) and it is finished here."""
+        if sequence.first_version is None:
+            sequence.first_version = self.policy_version
+        sequence.num_generated += 1
+        if token in sequence.stop_ids or sequence.num_generated >= sequence.budget:
+            earlier = self.runner.state.read_generated(sequence.slot) if sequence.num_generated > 1 else ([], [])
+            self._finish(sequence, [*earlier[0], token], [*earlier[1], logprob])
+            return None
+        sampling = sequence.request.sampling
+        return ActiveRow(
+            slot=sequence.slot,
+            input_token=token,
+            input_logprob=logprob,
+            context_length=len(sequence.context) + 1,
+            num_generated=sequence.num_generated,
+            budget=sequence.budget,
+            stop_ids=sequence.stop_ids,
+            temperature=1.0 if sampling.greedy else sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            greedy=sampling.greedy,
+            seed=sequence.seed,
+        )
 
     def _decode_step(self) -> None:
         start = time.perf_counter()
@@ -397,7 +320,7 @@ class GraphEngine:
         filtered = any(s.request.sampling.top_k > 0 or s.request.sampling.top_p < 1 for s in running)
         finished = self.runner.decode(rows, window, filtered, steps)
         advanced = (len(self._decoding) - len(finished)) * steps
-        for slot, (tokens, logprobs) in zip(finished, self.runner.read_generated_many(finished), strict=True):
+        for slot, (tokens, logprobs) in zip(finished, self.runner.state.read_generated_many(finished), strict=True):
             sequence = self._decoding.pop(slot)
             advanced += len(tokens) - sequence.num_generated
             sequence.num_generated = len(tokens)

@@ -1,14 +1,15 @@
 """The graph engine's device side: the KV cache, per-slot decode state, and the prefill and decode programs.
 
-`GraphEngine` (`generation/graph_engine.py`) drives it between steps; nothing here decides what to run.
+`GraphEngine` (`generation/graph_engine.py`) drives it between steps; nothing here decides what to run. The
+slot state lives in `slot_state.py`, the packing of prefill chunks into tensors in `prefill_packing.py`.
 
     host (scheduler)                          device (this module)
-    activate(rows) ------------------------->  slot state: input token, positions, budget, sampling, stops
+    state.activate(rows) ------------------->  slot state: input token, positions, budget, sampling, stops
     prefill(chunks) --> packed forward ----->  KV written, first tokens sampled, returned to the host
     decode(B, W) --> graph replay ---------->  one token for slots 0..B-1: KV written, token sampled, stop and
                                                budget checked, state advanced, all on the device
     <------------- finished flags [B] -------  the only read-back per decode step
-    read_generated(slot) <------------------   a finished row's tokens and logprobs
+    state.read_generated(slot) <------------   a finished row's tokens and logprobs
 
 A decode step never syncs with the host until its finished flags are read: the next input token, the
 positions and the stop check stay on the device. On CUDA every (batch bucket B, key window W) is one CUDA
@@ -25,32 +26,28 @@ import torch
 
 from asyncppo.generation.decode_attention import split_count, triton_decode_attention
 from asyncppo.generation.decoder_forward import (
-    PrefillBatch,
     decode_rest,
     layer_output,
     layer_qkv,
     output_logits,
     padded_prefill_attention,
     prefill_forward,
-    prefill_mask,
     qkv_arguments,
     rest_arguments,
     rotary_tables,
 )
 from asyncppo.generation.decoder_weights import DecoderWeights
-from asyncppo.generation.graph_sampling import sample_tokens
-from asyncppo.generation.prefill_attention import (
-    block_tokens,
-    max_query_blocks,
-    query_blocks,
-    triton_prefill_attention,
+from asyncppo.generation.graph_sampling import SamplingRows, sample_tokens
+from asyncppo.generation.prefill_attention import block_tokens, max_query_blocks, triton_prefill_attention
+from asyncppo.generation.prefill_packing import (
+    PrefillChunk,
+    packed_token_columns,
+    padded_prefill_batch,
+    prefill_sampling,
+    query_block_table,
 )
 from asyncppo.generation.race_sampling import race_sample_tokens
-
-# Columns of the int64 slot-state matrix [S + 1, 9].
-INPUT, WRITE_POS, LENGTH, GEN_COUNT, BUDGET, TOP_K, SEED, ACTIVE, GREEDY = range(9)
-# Columns of the fp32 slot-state matrix [S + 1, 2].
-TEMPERATURE, TOP_P = range(2)
+from asyncppo.generation.slot_state import ACTIVE, INPUT, LENGTH, WRITE_POS, SlotState
 
 
 @dataclass(frozen=True)
@@ -80,42 +77,6 @@ class RunnerSettings:
     last bounds the tokens of one prefill step."""
 
 
-@dataclass(frozen=True)
-class PrefillChunk:
-    """One row of a prefill step: compute `token_ids` at positions start..start+len-1 of `slot`."""
-
-    slot: int
-    token_ids: tuple[int, ...]
-    start: int
-    sample: bool
-    """True when the chunk ends the row's context: the next token is sampled from its last position."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    greedy: bool = False
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class ActiveRow:
-    """A row entering decode: `input_token` (just sampled, generated index `num_generated - 1`) is fed next."""
-
-    slot: int
-    input_token: int
-    input_logprob: float
-    context_length: int
-    """Tokens in the context including input_token (its position is context_length - 1)."""
-    num_generated: int
-    budget: int
-    """The row finishes once it has generated this many tokens."""
-    stop_ids: tuple[int, ...]
-    temperature: float
-    top_p: float
-    top_k: int
-    greedy: bool
-    seed: int
-
-
 def decode_buckets(max_rows: int) -> tuple[int, ...]:
     """Padded batch sizes up to max_rows (rounded up to 8): 8, 16, 32, then every 32, then every 64 past 256.
 
@@ -125,17 +86,6 @@ def decode_buckets(max_rows: int) -> tuple[int, ...]:
     top = -(-max_rows // 8) * 8
     sizes = {8, 16} | set(range(32, min(top, 256) + 1, 32)) | set(range(256, top + 1, 64))
     return tuple(sorted({min(size, top) for size in sizes} | {top}))
-
-
-def prefill_buckets(max_tokens: int) -> tuple[int, ...]:
-    """Packed-token counts of prefill graphs: 64, 128, then steps of x1.5 / x1.33 (256, 384, 512, 768, ...) up to
-    max_tokens rounded up to 64, so a step pads at most half of its tokens (a third past 256)."""
-    top = max(64, -(-max_tokens // 64) * 64)
-    sizes, size = {64, 128}, 256
-    while size < top:
-        sizes |= {size, size * 3 // 2}
-        size *= 2
-    return tuple(sorted({s for s in sizes if s < top} | {top}))
 
 
 class GraphRunner:
@@ -161,13 +111,7 @@ class GraphRunner:
         self.v_caches = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(shape.num_layers)]
         inverse_frequencies, scaling = rotary
         self.cos, self.sin = rotary_tables(inverse_frequencies.to(device), scaling, positions, dtype)
-        self.istate = torch.zeros(slots, 9, dtype=torch.long, device=device)
-        self.istate[:, LENGTH] = 1
-        self.fstate = torch.ones(slots, 2, dtype=torch.float32, device=device)
-        self.stop_ids = torch.full((slots, settings.max_stop_ids), stop_pad, dtype=torch.long, device=device)
-        self.out_tokens = torch.zeros(slots, settings.max_new_tokens, dtype=torch.long, device=device)
-        self.out_logprobs = torch.zeros(slots, settings.max_new_tokens, dtype=torch.float32, device=device)
-        self.finished = torch.zeros(slots, dtype=torch.bool, device=device)
+        self.state = SlotState(settings.num_slots, settings.max_stop_ids, settings.max_new_tokens, device, stop_pad)
         self._row_index = torch.arange(slots, device=device)
         self._qkv: Callable[..., torch.Tensor] = layer_qkv
         self._rest: Callable[..., torch.Tensor] = decode_rest
@@ -216,7 +160,7 @@ class GraphRunner:
     def _decode_body(self, rows: int, window: int, filtered: bool) -> None:
         """One decode step for slots 0..rows-1 with keys 0..window-1, every effect written to device buffers."""
         weights, shape, sink = self.weights, self.weights.shape, self.settings.num_slots
-        state = self.istate[:rows]
+        state = self.state.istate[:rows]
         active = state[:, ACTIVE].bool()
         write_positions, lengths = state[:, WRITE_POS], state[:, LENGTH]
         write_slots = torch.where(active, self._row_index[:rows], sink)
@@ -237,51 +181,14 @@ class GraphRunner:
                 keys, values = k_cache[:rows, :, :window], v_cache[:rows, :, :window]
                 hidden = self._rest(hidden, q, keys, values, key_mask, *rest_arguments(layer), shape)
         logits = output_logits(hidden, weights)
-        fstate = self.fstate[:rows]
-        tokens, logprobs = self._sample(
-            logits,
-            fstate[:, TEMPERATURE],
-            fstate[:, TOP_P],
-            state[:, TOP_K],
-            state[:, GREEDY].bool(),
-            state[:, SEED],
-            lengths,  # the sampled token's index in its sequence keys its noise
-            filtered,
-        )
-        self._advance(rows, active, tokens, logprobs)
+        tokens, logprobs = self._sample(logits, self.state.sampling_rows(rows), filtered)
+        self.state.advance(rows, active, tokens, logprobs)
 
-    def _sample(
-        self,
-        logits: torch.Tensor,
-        temperature: torch.Tensor,
-        top_p: torch.Tensor,
-        top_k: torch.Tensor,
-        greedy: torch.Tensor,
-        seeds: torch.Tensor,
-        positions: torch.Tensor,
-        filtered: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, logits: torch.Tensor, rows: SamplingRows, filtered: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """`sample_tokens`, by the one-pass Triton race when no row filters (the same draws, far fewer bytes)."""
         if not filtered and self.settings.triton_kernels:
-            return race_sample_tokens(logits, temperature, greedy, seeds, positions)
-        return self._sample_filtered(logits, temperature, top_p, top_k, greedy, seeds, positions, filtered=filtered)
-
-    def _advance(self, rows: int, active: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
-        state = self.istate[:rows]
-        generated = state[:, GEN_COUNT]
-        column = generated.clamp(max=self.settings.max_new_tokens - 1).unsqueeze(-1)
-        self.out_tokens[:rows].scatter_(1, column, tokens.unsqueeze(-1))
-        self.out_logprobs[:rows].scatter_(1, column, logprobs.unsqueeze(-1))
-        generated = generated + active.long()
-        stopped = (tokens.unsqueeze(-1) == self.stop_ids[:rows]).any(-1)
-        done = active & (stopped | (generated >= state[:, BUDGET]))
-        still = active & ~done
-        self.finished[:rows] |= done  # sticky: the host may read it only after several steps
-        state[:, GEN_COUNT] = generated
-        state[:, ACTIVE] = still.long()
-        state[:, INPUT] = torch.where(still, tokens, 0)
-        state[:, WRITE_POS] = torch.where(still, state[:, LENGTH], 0)
-        state[:, LENGTH] = torch.where(still, state[:, LENGTH] + 1, 1)
+            return race_sample_tokens(logits, rows.temperature, rows.greedy, rows.seeds, rows.positions)
+        return self._sample_filtered(logits, *rows, filtered=filtered)
 
     def decode(self, rows: int, window: int, filtered: bool, steps: int = 1) -> list[int]:
         """Run `steps` decode steps back to back over slots 0..rows-1 (a bucket), then return the slots that
@@ -293,15 +200,12 @@ class GraphRunner:
                 graph.replay()
             else:
                 self._decode_body(rows, window, filtered)
-        finished = self.finished[:rows].nonzero().squeeze(-1).tolist()
-        if finished:
-            self.finished[:rows] = False
-        return finished
+        return self.state.take_finished(rows)
 
     def capture_graphs(self) -> None:
         """Compile (first call) and capture one CUDA graph per (bucket, window), while no row is active."""
         assert self.settings.use_cuda_graphs and self.device.type == "cuda"
-        assert not bool(self.istate[:, ACTIVE].any()), "capture runs the step once; no row may be live"
+        assert not bool(self.state.istate[:, ACTIVE].any()), "capture runs the step once; no row may be live"
         start = time.perf_counter()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -329,7 +233,7 @@ class GraphRunner:
                 hidden = self._blocked_prefill(num_tokens)
             self._prefill_graphs[num_tokens] = (graph, hidden)
         torch.cuda.synchronize(self.device)
-        self.finished.zero_()
+        self.state.finished.zero_()
         self.capture_seconds = time.perf_counter() - start
 
     # -- prefill -----------------------------------------------------------------------------------------
@@ -345,7 +249,7 @@ class GraphRunner:
             else:
                 hidden = self._blocked_prefill(num_tokens)
         else:
-            batch = self._prefill_batch(chunks)
+            batch = padded_prefill_batch(chunks, self.settings.num_slots, self.settings.max_positions, self.device)
             hidden = prefill_forward(
                 self.weights,
                 self.k_caches,
@@ -362,54 +266,20 @@ class GraphRunner:
         sampling = [chunk for chunk in chunks if chunk.sample]
         if not sampling:
             return [], []
-        ends = torch.tensor(lengths, dtype=torch.long).cumsum(0) - 1
-        # One copy each for the integer and the float columns of the sampled rows.
-        integers = torch.tensor(
-            [[c.top_k, int(c.greedy), c.seed, c.start + len(c.token_ids)] for c in sampling], dtype=torch.long
-        )
-        integers = torch.cat([integers, ends[[i for i, c in enumerate(chunks) if c.sample]][:, None]], dim=1)
-        integers = integers.to(self.device).unbind(1)
-        floats = torch.tensor([[c.temperature, c.top_p] for c in sampling], dtype=torch.float32).to(self.device)
-        top_k, greedy, seeds, positions, last = integers
+        rows, last = prefill_sampling(chunks, self.device)
         logits = output_logits(hidden[last], self.weights)
-        tokens, logprobs = self._sample(
-            logits,
-            floats[:, 0],
-            floats[:, 1],
-            top_k,
-            greedy.bool(),
-            seeds,
-            positions,
-            any(c.top_k > 0 or c.top_p < 1 for c in sampling),
-        )
+        tokens, logprobs = self._sample(logits, rows, any(c.top_k > 0 or c.top_p < 1 for c in sampling))
         return tokens.tolist(), logprobs.tolist()
 
     def _load_prefill_inputs(self, chunks: Sequence[PrefillChunk], num_tokens: int) -> None:
         """Write the chunks, padded to `num_tokens` tokens (sink slot, position 0), into the static prefill inputs."""
         if len(chunks) > self._max_prefill_chunks:
             raise ValueError(f"{len(chunks)} prefill chunks, more than the {self._max_prefill_chunks} rows sized for")
-        padding = num_tokens - sum(len(chunk.token_ids) for chunk in chunks)
         sink = self.settings.num_slots
-        inputs = torch.tensor(
-            [
-                [token for chunk in chunks for token in chunk.token_ids] + [0] * padding,
-                [chunk.start + i for chunk in chunks for i in range(len(chunk.token_ids))] + [0] * padding,
-                [chunk.slot for chunk in chunks for _ in chunk.token_ids] + [sink] * padding,
-            ],
-            dtype=torch.long,
-        )
-        blocks = query_blocks(
-            [len(chunk.token_ids) for chunk in chunks],
-            [chunk.slot for chunk in chunks],
-            num_tokens,
-            sink,
-            self._block_tokens,
-        )
-        grid = max_query_blocks(num_tokens, self._max_prefill_chunks, self._block_tokens)
-        table = torch.zeros(grid, 3, dtype=torch.long)
-        table[: len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+        inputs = torch.tensor(packed_token_columns(chunks, num_tokens, sink), dtype=torch.long)
+        table = query_block_table(chunks, num_tokens, sink, self._block_tokens, self._max_prefill_chunks)
         self._prefill_inputs[:, :num_tokens].copy_(inputs)
-        self._prefill_blocks[:grid].copy_(table)
+        self._prefill_blocks[: table.shape[0]].copy_(table)
 
     def _blocked_prefill(self, num_tokens: int) -> torch.Tensor:
         """[T, hidden] prefill of the static inputs' first T tokens with the Triton attention (what graphs capture)."""
@@ -430,105 +300,14 @@ class GraphRunner:
             self._output,
         )
 
-    def _prefill_batch(self, chunks: Sequence[PrefillChunk]) -> PrefillBatch:
-        lengths = [len(chunk.token_ids) for chunk in chunks]
-        width = max(lengths)
-        padded_index = torch.zeros(len(chunks), width, dtype=torch.long)
-        packed_index, offset = [], 0
-        for row, length in enumerate(lengths):
-            padded_index[row, :length] = torch.arange(offset, offset + length)
-            packed_index.extend(range(row * width, row * width + length))
-            offset += length
-        # Pad the packed tokens to a multiple of 8 (at least 8): a compiled step would specialise a second time on
-        # a single row. Padding tokens write only to the sink slot.
-        padding = max(8, -(-offset // 8) * 8) - offset
-        ends = [chunk.start + length for chunk, length in zip(chunks, lengths, strict=True)]
-        key_length = min(-(-max(ends) // 16) * 16, self.settings.max_positions)
-
-        def tensor(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=self.device)
-
-        sink = self.settings.num_slots
-        return PrefillBatch(
-            token_ids=tensor([token for chunk in chunks for token in chunk.token_ids] + [0] * padding),
-            positions=tensor(
-                [chunk.start + i for chunk in chunks for i in range(len(chunk.token_ids))] + [0] * padding
-            ),
-            token_slots=tensor([chunk.slot for chunk in chunks for _ in chunk.token_ids] + [sink] * padding),
-            slots=tensor([chunk.slot for chunk in chunks]),
-            padded_index=padded_index.to(self.device),
-            packed_index=tensor(packed_index),
-            mask=prefill_mask(tensor([chunk.start for chunk in chunks]), tensor(ends), width, key_length),
-            key_length=key_length,
-        )
-
-    # -- slot state --------------------------------------------------------------------------------------
-    def activate(self, rows: Sequence[ActiveRow]) -> None:
-        """Put rows into decode: their state, sampling settings and stop ids, and the just-sampled token."""
-        if not rows:
-            return
-        slots = torch.tensor([row.slot for row in rows], dtype=torch.long, device=self.device)
-        istate = torch.tensor(
-            [
-                [
-                    row.input_token,
-                    row.context_length - 1,
-                    row.context_length,
-                    row.num_generated,
-                    row.budget,
-                    row.top_k,
-                    row.seed,
-                    1,
-                    int(row.greedy),
-                ]
-                for row in rows
-            ],
-            dtype=torch.long,
-        )
-        stops = torch.full((len(rows), self.settings.max_stop_ids), -1, dtype=torch.long)
-        for index, row in enumerate(rows):
-            stops[index, : len(row.stop_ids)] = torch.tensor(row.stop_ids, dtype=torch.long)
-        self.istate.index_copy_(0, slots, istate.to(self.device))
-        fstate = torch.tensor([[row.temperature, row.top_p] for row in rows], dtype=torch.float32)
-        self.fstate.index_copy_(0, slots, fstate.to(self.device))
-        self.stop_ids.index_copy_(0, slots, stops.to(self.device))
-        columns = torch.tensor([row.num_generated - 1 for row in rows], dtype=torch.long, device=self.device)
-        self.out_tokens[slots, columns] = torch.tensor([row.input_token for row in rows], device=self.device)
-        self.out_logprobs[slots, columns] = torch.tensor(
-            [row.input_logprob for row in rows], dtype=torch.float32, device=self.device
-        )
-
-    def deactivate(self, slots: Sequence[int]) -> None:
-        """Take rows out of decode (their slot state becomes that of a padded row)."""
-        if slots:
-            index = torch.tensor(list(slots), dtype=torch.long, device=self.device)
-            self.istate[index, ACTIVE] = 0
-            self.istate[index, LENGTH] = 1
-            self.istate[index, WRITE_POS] = 0
-
-    def read_generated(self, slot: int) -> tuple[list[int], list[float]]:
-        """The tokens and logprobs the row in `slot` generated so far."""
-        return self.read_generated_many([slot])[0]
-
-    def read_generated_many(self, slots: Sequence[int]) -> list[tuple[list[int], list[float]]]:
-        """`read_generated` for several slots with three device reads in all (not three per slot)."""
-        if not slots:
-            return []
-        index = torch.tensor(list(slots), dtype=torch.long, device=self.device)
-        counts = self.istate[index, GEN_COUNT].tolist()
-        width = max(counts)
-        tokens = self.out_tokens[index, :width].tolist()
-        logprobs = self.out_logprobs[index, :width].tolist()
-        return [(t[:n], p[:n]) for t, p, n in zip(tokens, logprobs, counts, strict=True)]
-
+    # -- slot moves -------------------------------------------------------------------------------------
     def move(self, moves: Sequence[tuple[int, int]]) -> None:
         """Copy whole slots (KV of every layer, state, generated tokens) from src to dst; src becomes padding."""
         if not moves:
             return
         src = torch.tensor([m[0] for m in moves], dtype=torch.long, device=self.device)
         dst = torch.tensor([m[1] for m in moves], dtype=torch.long, device=self.device)
-        for tensor in (*self.k_caches, *self.v_caches, self.istate, self.fstate, self.stop_ids):
+        for tensor in (*self.k_caches, *self.v_caches):
             tensor.index_copy_(0, dst, tensor.index_select(0, src))
-        for tensor in (self.out_tokens, self.out_logprobs):
-            tensor.index_copy_(0, dst, tensor.index_select(0, src))
-        self.deactivate([m[0] for m in moves])
+        self.state.move(src, dst)
+        self.state.deactivate([m[0] for m in moves])

@@ -6,6 +6,7 @@ The logprob semantics are those of the hf engine's `sampling.sample_next_tokens`
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -127,6 +128,20 @@ def filtered_log_softmax(
 @filtered_log_softmax.register_fake
 def _(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(logits, dtype=torch.float32)
+
+
+class SamplingRows(NamedTuple):
+    """Each row's sampling settings as [N] tensors, in `sample_tokens`' argument order (dtypes: see there).
+
+    The graph runner gathers them from its slot state (decode) or from the prefill chunks, then calls
+    `sample_tokens(logits, *rows, filtered=...)` or the race kernel with the fields it reads."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+    greedy: torch.Tensor
+    seeds: torch.Tensor
+    positions: torch.Tensor
 
 
 def sample_tokens(

@@ -76,33 +76,14 @@ def decode_batch(
     ]
     results = [DecodedSequence() for _ in requests]
 
-    input_ids, attention_mask = left_pad(prompts, pad_token_id, device)
-    position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
     settings = SamplingSettings.from_params([r.sampling for r in requests], device)
     cache = DynamicCache(config=model.config)
     cache_argument = {cache_keyword(type(model)): cache}
     running = list(range(len(requests)))  # request index of each batch row
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        **cache_argument,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[:, -1]
-    next_position = position_ids[:, -1] + 1
-
+    logits, attention_mask, next_position = _prefill(model, prompts, pad_token_id, device, cache_argument)
     while True:
         tokens, logprobs = sample_next_tokens(logits, settings, generator)
-        keep = []
-        for row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
-            result = results[running[row]]
-            result.token_ids.append(token)
-            result.logprobs.append(logprob)
-            if token in stop_sets[running[row]]:
-                result.finish_reason = "stop"
-            elif len(result.token_ids) < budgets[running[row]]:
-                keep.append(row)
+        keep = _record_step(tokens, logprobs, [(results[i], stop_sets[i], budgets[i]) for i in running])
         if not keep:
             return results
         if len(keep) < len(running):
@@ -120,3 +101,42 @@ def decode_batch(
             use_cache=True,
         ).logits[:, -1]
         next_position = next_position + 1
+
+
+def _prefill(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    pad_token_id: int,
+    device: torch.device,
+    cache_argument: dict[str, DynamicCache],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The left-padded prompts through the model into the cache: last-position logits [N, V], the attention
+    mask [N, P] and each row's next position [N] (positions count real tokens only, as the trainer's)."""
+    input_ids, attention_mask = left_pad(prompts, pad_token_id, device)
+    position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        **cache_argument,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    return logits, attention_mask, position_ids[:, -1] + 1
+
+
+def _record_step(
+    tokens: torch.Tensor, logprobs: torch.Tensor, rows: Sequence[tuple[DecodedSequence, frozenset[int], int]]
+) -> list[int]:
+    """Append each batch row's sampled token and logprob to its (result, stop ids, token budget); the batch rows
+    that go on (no stop token, budget left). A stop token ends its row with finish_reason "stop"."""
+    keep = []
+    for row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
+        result, stop_ids, budget = rows[row]
+        result.token_ids.append(token)
+        result.logprobs.append(logprob)
+        if token in stop_ids:
+            result.finish_reason = "stop"
+        elif len(result.token_ids) < budget:
+            keep.append(row)
+    return keep

@@ -2,7 +2,7 @@
 
 Built by the generation workers and tests; the rollout code and the policy server submit to it concurrently.
 
-    submit() --> queue --> serving thread: take <= max_batch_size requests --> decode_batch --> futures
+    submit() --> RequestQueue --> serving thread: take <= max_batch_size requests --> decode_batch --> futures
 
 Requests with different SamplingParams share a batch (sampling settings are per row). Weights change only
 between batches: the serving thread holds `_model_lock` for a whole batch, and `load_weights` /
@@ -12,9 +12,7 @@ between batches: the serving thread holds `_model_lock` for a whole batch, and `
 import contextlib
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import torch
@@ -23,7 +21,8 @@ from torch.nn.attention import sdpa_kernel
 from transformers import PreTrainedModel
 
 from asyncppo.generation.hf_decoding import decode_batch
-from asyncppo.generation.protocol import GenerationRequest, GenerationResult, GeneratorClosedError
+from asyncppo.generation.protocol import GenerationResult
+from asyncppo.generation.request_queue import QueuedSubmission, RequestQueue, Submission
 from asyncppo.generation.weight_loading import copy_named_tensors, request_problem
 from asyncppo.models.backbone import TRAINING_ATTENTION_BACKENDS
 
@@ -54,7 +53,7 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
             module.training = training
 
 
-class HFGenerator:
+class HFGenerator(QueuedSubmission):
     """A Generator over a transformers causal LM already on `device`, decoded by `hf_decoding.decode_batch`.
 
     Validation errors (empty prompt, unknown token id, prompt too long for max_context_length) fail the
@@ -103,13 +102,14 @@ class HFGenerator:
         self._stats = GeneratorStats()
 
         self._model_lock = threading.Lock()  # held for a whole batch, and by weight / version changes
-        self._state = threading.Condition()  # guards the fields below
-        self._queue: deque[tuple[GenerationRequest, Future[GenerationResult]]] = deque()
-        self._paused = False
-        self._busy = False
-        self._closed = False
-        self._thread = threading.Thread(target=self._serve, name="hf-generator", daemon=True)
-        self._thread.start()
+        self._stats_lock = threading.Lock()
+        self._requests = RequestQueue(
+            "HFGenerator",
+            "hf-generator",
+            lambda request: request_problem(request, self._max_context_length, self._vocab_size),
+            self._serve_one_batch,
+        )
+        self._requests.start()
 
     @property
     def policy_version(self) -> int:
@@ -118,47 +118,8 @@ class HFGenerator:
 
     def stats(self) -> GeneratorStats:
         """A snapshot of the counters (batch sizes show whether concurrent callers share batches)."""
-        with self._state:
+        with self._stats_lock:
             return self._stats
-
-    def submit(self, request: GenerationRequest) -> "Future[GenerationResult]":
-        """Queue one request; the future carries its result, a validation error or GeneratorClosedError."""
-        return self.submit_many([request])[0]
-
-    def submit_many(self, requests: Sequence[GenerationRequest]) -> "list[Future[GenerationResult]]":
-        """Queue several requests in one step, so the serving thread cannot start a batch between them."""
-        futures: list[Future[GenerationResult]] = []
-        accepted: list[tuple[GenerationRequest, Future[GenerationResult]]] = []
-        for request in requests:
-            futures.append(Future())
-            if problem := request_problem(request, self._max_context_length, self._vocab_size):
-                futures[-1].set_exception(ValueError(problem))
-            else:
-                accepted.append((request, futures[-1]))
-        with self._state:
-            if self._closed:
-                for _, future in accepted:
-                    future.set_exception(GeneratorClosedError("HFGenerator is closed; no new requests are served"))
-                return futures
-            self._queue.extend(accepted)
-            self._state.notify_all()
-        return futures
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Queue all requests together (they share batches) and wait; results are in request order."""
-        return [future.result() for future in self.submit_many(requests)]
-
-    def pause(self) -> None:
-        """Start no new batch and return once the current one (if any) has finished; the queue is kept."""
-        with self._state:
-            self._paused = True
-            self._state.wait_for(lambda: not self._busy)
-
-    def resume(self) -> None:
-        """Serve the queue again after pause()."""
-        with self._state:
-            self._paused = False
-            self._state.notify_all()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy a full set of parameters in by name and set the version, between batches (waits for a running one).
@@ -186,53 +147,15 @@ class HFGenerator:
 
     def close(self) -> None:
         """Fail queued requests with GeneratorClosedError, let a running batch finish, stop the thread."""
-        with self._state:
-            self._closed = True
-            pending = list(self._queue)
-            self._queue.clear()
-            self._state.notify_all()
-        for _, future in pending:
-            if future.set_running_or_notify_cancel():
-                future.set_exception(GeneratorClosedError("HFGenerator was closed before this request ran"))
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+        self._requests.close()
 
-    def _serve(self) -> None:
-        try:
-            self._serve_until_closed()
-        except BaseException as error:
-            # Only a bug in the loop itself gets here (batch errors are handled per batch). Close the engine so
-            # that no caller waits on a thread that is gone.
-            with self._state:
-                self._closed = True
-                pending = list(self._queue)
-                self._queue.clear()
-            for _, future in pending:
-                if future.set_running_or_notify_cancel():
-                    future.set_exception(GeneratorClosedError(f"the HFGenerator serving thread died: {error!r}"))
-            raise
+    def _serve_one_batch(self) -> None:
+        """The serving thread's turn: one batch of the oldest requests (those cancelled while queued are skipped)."""
+        batch = self._requests.take(self._max_batch_size, start_running=True)
+        if batch:
+            self._run_batch(batch)
 
-    def _serve_until_closed(self) -> None:
-        while True:
-            with self._state:
-                self._state.wait_for(lambda: self._closed or (not self._paused and bool(self._queue)))
-                if self._closed:
-                    return
-                batch = []
-                while self._queue and len(batch) < self._max_batch_size:
-                    request, future = self._queue.popleft()
-                    if future.set_running_or_notify_cancel():  # False: the caller cancelled it while queued
-                        batch.append((request, future))
-                self._busy = True
-            try:
-                if batch:
-                    self._run_batch(batch)
-            finally:
-                with self._state:
-                    self._busy = False
-                    self._state.notify_all()
-
-    def _run_batch(self, batch: list[tuple[GenerationRequest, "Future[GenerationResult]"]]) -> None:
+    def _run_batch(self, batch: list[Submission]) -> None:
         start = time.perf_counter()
         try:
             # Attention kernels chosen explicitly, as the trainer does (see models.backbone): never cuDNN's per-shape
@@ -254,15 +177,15 @@ class HFGenerator:
                     generator=self._sampling_generator,
                 )
         except BaseException as error:  # fault isolation is the point: the batch fails, the engine keeps serving
-            with self._state:
+            with self._stats_lock:
                 self._stats = replace(self._stats, num_failed_batches=self._stats.num_failed_batches + 1)
             for _, future in batch:
                 future.set_exception(error)
             if not isinstance(error, Exception):
-                raise  # SystemExit and the like end the serving thread (see _serve)
+                raise  # SystemExit and the like end the serving thread (see RequestQueue._serve)
             return
         # Counters first, so a caller woken by its result already sees its batch counted.
-        with self._state:
+        with self._stats_lock:
             stats = self._stats
             self._stats = replace(
                 stats,

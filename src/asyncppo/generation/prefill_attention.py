@@ -50,6 +50,9 @@ if PREFILL_KERNEL_AVAILABLE:
         BLOCK_N: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
+        """Query block `block`, KV head `kv_head`: causal attention of the block's tokens x G query heads over their
+        slot's keys, online softmax in fp32, written to `out`. One body past 60 lines: a Triton kernel is one
+        program whose running max, sum and accumulator live in registers across the key loop."""
         block = tl.program_id(0)
         kv_head = tl.program_id(1)
         first = tl.load(blocks_ptr + block * 3)

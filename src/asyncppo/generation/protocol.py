@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from asyncppo.config.runtime import SamplingProfile
+from asyncppo.types import SamplingProfile
 
 FinishReason = Literal["stop", "length"]
 

@@ -56,6 +56,9 @@ if RACE_KERNEL_AVAILABLE:
         BLOCK: tl.constexpr,
         LIBDEVICE_LOG: tl.constexpr,
     ):
+        """Chunk `part` of row `row`: the best race score and its first index, and the chunk's max x and sum
+        e^(x - max) (module docstring). One body past 60 lines: a Triton kernel is one program whose running best
+        and running logsumexp live in registers across the vocabulary loop."""
         row = tl.program_id(0)
         part = tl.program_id(1)
         temperature = tl.load(temperature_ptr + row)

@@ -27,11 +27,10 @@ from typing import Any
 import httpx
 import yaml
 
-from asyncppo.config.runtime import SamplingProfile
 from asyncppo.gym.auth import bearer_headers
 from asyncppo.gym.error_bodies import unwrap_error_body
 from asyncppo.gym.results import StepLimit, has_invalid_tool_call, quote, trajectory_from_result
-from asyncppo.types import Trajectory
+from asyncppo.types import SamplingProfile, Trajectory
 
 # Statuses (besides 5xx) after which the agent may well succeed on a rerun: infrastructure, not data.
 RETRYABLE_STATUSES = frozenset({408, 429})

@@ -7,8 +7,8 @@ is parsed strictly (`request_body.parse_body`), so malformed or hostile input is
     POST /v1/chat/completions --> check sampling profile --> ChatEngine.complete:
          build_prompt (prefix splice) --> Generator.submit --> parse_generation
          <-- message {content, tool_calls, prompt_token_ids, generation_token_ids, generation_log_probs}
-    POST /v1/responses --> check sampling profile --> responses.chat_messages --> ChatEngine.complete
-         <-- responses.build_response: output items, the token fields on the last one
+    POST /v1/responses --> check sampling profile --> responses_conversion.chat_messages --> ChatEngine.complete
+         <-- responses_conversion.build_response: output items, the token fields on the last one
 """
 
 import asyncio
@@ -27,7 +27,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GeneratorClosedError, SamplingParams
 from asyncppo.generation.protocol import Generator as GeneratorProtocol
 from asyncppo.gym.auth import require_api_key
@@ -45,15 +44,9 @@ from asyncppo.gym.protocol import (
     Usage,
 )
 from asyncppo.gym.request_body import RequestError, error_response, parse_body
-from asyncppo.gym.responses import (
-    ResponsesInputError,
-    ResponsesRequest,
-    ResponsesResponse,
-    build_response,
-    chat_messages,
-    chat_tools,
-    check_request,
-)
+from asyncppo.gym.responses import ResponsesInputError, ResponsesRequest, ResponsesResponse, check_request
+from asyncppo.gym.responses_conversion import build_response, chat_messages, chat_tools
+from asyncppo.types import SamplingProfile
 
 LOGPROB_FLOOR = -9999.0
 """Logprobs below this (and -inf) are reported as it, so the JSON never carries -Infinity."""
@@ -167,6 +160,8 @@ def create_policy_app(
     Handlers never block the event loop on the engine: they await the Generator's future, so concurrent HTTP
     requests are queued together and share the engine's batches. `api_key` (when set) is required as
     `Authorization: Bearer <key>` on every route but GET /health (readiness probes carry no key).
+    One function past 60 lines on purpose: its routes are closures over the one ChatEngine and model card, and
+    the work of each lives in named functions (`check_sampling`, `ChatEngine.complete`, the response builders).
     """
     eos_token_id = tokenizer.eos_token_id
     if not isinstance(eos_token_id, int):
@@ -223,15 +218,7 @@ def create_policy_app(
             required_prefix_token_ids=body.required_prefix_token_ids,
             template_kwargs=body.chat_template_kwargs,
         )
-        num_prompt = len(choice.message.prompt_token_ids or [])
-        num_output = len(choice.message.generation_token_ids or [])
-        return ChatCompletionResponse(
-            id=f"chatcmpl-{secrets.token_hex(12)}",
-            created=int(time.time()),
-            model=model_name,
-            choices=[choice],
-            usage=Usage(prompt_tokens=num_prompt, completion_tokens=num_output, total_tokens=num_prompt + num_output),
-        )
+        return chat_completion_response(choice, model_name)
 
     @app.post("/v1/responses", response_model_exclude_none=True)
     async def responses(request: Request) -> ResponsesResponse:
@@ -253,6 +240,19 @@ def create_policy_app(
         return build_response(body, choice, model_name)
 
     return app
+
+
+def chat_completion_response(choice: Choice, model_name: str) -> ChatCompletionResponse:
+    """The chat completion object of one generation, its usage counted from the choice's token fields."""
+    num_prompt = len(choice.message.prompt_token_ids or [])
+    num_output = len(choice.message.generation_token_ids or [])
+    return ChatCompletionResponse(
+        id=f"chatcmpl-{secrets.token_hex(12)}",
+        created=int(time.time()),
+        model=model_name,
+        choices=[choice],
+        usage=Usage(prompt_tokens=num_prompt, completion_tokens=num_output, total_tokens=num_prompt + num_output),
+    )
 
 
 def tokenize_chat(tokenizer: PreTrainedTokenizerBase, body: TokenizeRequest, eos_token_id: int) -> list[int]:

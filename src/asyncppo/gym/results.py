@@ -102,9 +102,7 @@ def _convert(
     policy_version: int,
     step_limit: StepLimit | None,
 ) -> Trajectory:
-    response = result.get("response")
-    if not isinstance(response, Mapping) or not isinstance(response.get("output"), list):
-        raise ValueError(f"gym result has no response.output list; result starts: {quote(result)}")
+    response = _response(result)
     token_ids: list[int] = []
     loss_mask: list[int] = []
     logprobs: list[float] = []
@@ -120,27 +118,14 @@ def _convert(
             saw_tool_output = True
         if item.get("generation_token_ids") in (None, []):
             continue  # tool outputs, token-less reasoning, empty generations: nothing the policy sampled
-        fields = _token_fields(item, turn)
-        assert fields.prompt_token_ids is not None and fields.generation_token_ids is not None
-        assert fields.generation_log_probs is not None
-        prompt = fields.prompt_token_ids
-        mismatch = _first_mismatch(token_ids, prompt)
-        if mismatch is not None:
-            raise ValueError(
-                f"gym result: turn {turn} is not contiguous with the history: its prompt_token_ids "
-                f"(length {len(prompt)}) differ from the {len(token_ids)} history tokens at position {mismatch} "
-                "(re-tokenisation drift; the policy server must splice required_prefix_token_ids)"
-            )
-        delta = prompt[len(token_ids) :]
+        prompt, generated, generated_logprobs = _token_fields(item, turn)
+        delta = _observation(token_ids, prompt, turn)
         if turn == 0:
             prompt_length = len(delta)
-            if prompt_length == 0:
-                raise ValueError("gym result: turn 0 has an empty prompt_token_ids")
         if delta:
             role: Role = "tool" if saw_tool_output else "user"
             _append(token_ids, loss_mask, logprobs, message_log, role, delta, [0.0] * len(delta), mask=0)
-        generated = fields.generation_token_ids
-        _append(token_ids, loss_mask, logprobs, message_log, "assistant", generated, fields.generation_log_probs, 1)
+        _append(token_ids, loss_mask, logprobs, message_log, "assistant", generated, generated_logprobs, 1)
         last_generation = generated
         saw_tool_output = False
         turn += 1
@@ -170,8 +155,17 @@ def _convert(
     )
 
 
-def _token_fields(item: Mapping[str, Any], turn: int) -> TokenFields:
-    """The item's token bundle, typed strictly ("1" is not a token id), ids >= 0 and logprobs finite."""
+def _response(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The result's `response`, checked to hold an `output` list (the rollout's items)."""
+    response = result.get("response")
+    if not isinstance(response, Mapping) or not isinstance(response.get("output"), list):
+        raise ValueError(f"gym result has no response.output list; result starts: {quote(result)}")
+    return response
+
+
+def _token_fields(item: Mapping[str, Any], turn: int) -> tuple[list[int], list[int], list[float]]:
+    """The item's (prompt_token_ids, generation_token_ids, generation_log_probs), typed strictly ("1" is not a
+    token id), ids >= 0 and logprobs finite."""
     try:
         fields = TokenFields.model_validate(item, strict=True)
     except ValidationError as error:
@@ -185,12 +179,28 @@ def _token_fields(item: Mapping[str, Any], turn: int) -> TokenFields:
         ids: list[int] = getattr(fields, key)
         if any(token < 0 for token in ids):
             raise ValueError(f"gym result: turn {turn}: {key} holds a negative token id: {quote(ids, 80)}")
-    logprobs = fields.generation_log_probs
-    assert logprobs is not None, "validated together with the ids"
+    prompt, generated, logprobs = fields.prompt_token_ids, fields.generation_token_ids, fields.generation_log_probs
+    assert prompt is not None and generated is not None and logprobs is not None, "validated together"
     bad = next((value for value in logprobs if not math.isfinite(value)), None)
     if bad is not None:
         raise ValueError(f"gym result: turn {turn}: generation_log_probs holds {bad}, expected finite numbers")
-    return fields
+    return prompt, generated, logprobs
+
+
+def _observation(history: list[int], prompt: list[int], turn: int) -> list[int]:
+    """The tokens turn `turn`'s prompt adds after the history so far (its observation); ValueError when the prompt
+    does not continue the history, or when turn 0's is empty."""
+    mismatch = _first_mismatch(history, prompt)
+    if mismatch is not None:
+        raise ValueError(
+            f"gym result: turn {turn} is not contiguous with the history: its prompt_token_ids "
+            f"(length {len(prompt)}) differ from the {len(history)} history tokens at position {mismatch} "
+            "(re-tokenisation drift; the policy server must splice required_prefix_token_ids)"
+        )
+    delta = prompt[len(history) :]
+    if turn == 0 and not delta:
+        raise ValueError("gym result: turn 0 has an empty prompt_token_ids")
+    return delta
 
 
 def _first_mismatch(history: list[int], prompt: list[int]) -> int | None:

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig, SamplingProfile
+from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig
 from asyncppo.gym.client import GymClient
 from asyncppo.gym.results import InvalidResultError
 from asyncppo.rollout.penalties import apply_reward_penalties
-from asyncppo.types import Trajectory
+from asyncppo.types import SamplingProfile, Trajectory
 
 T = TypeVar("T")
 # Seconds close() waits for the loop thread to finish the client's shutdown.

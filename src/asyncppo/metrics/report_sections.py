@@ -15,6 +15,17 @@ from asyncppo.metrics.report_plots import Curve, PanelData, figure_png_base64, s
 Records = Sequence[Mapping[str, Any]]
 
 
+MFU_KEYS = (
+    "perf/policy_train_mfu",
+    "perf/critic_train_mfu",
+    "perf/logprobs_mfu",
+    "perf/reference_logprobs_mfu",
+    "perf/values_mfu",
+    "perf/step_flops_utilization",
+)
+"""The model-FLOPs-utilisation metrics of a step (trainer/perf.py writes them), per phase then the whole step."""
+
+
 @dataclass(frozen=True)
 class Panel:
     """Keys drawn on one axes; a key ending in `*` stands for every logged key that starts with the rest.
@@ -128,14 +139,7 @@ SECTIONS = (
         (
             Panel(
                 "model FLOPs utilisation",
-                (
-                    "perf/policy_train_mfu",
-                    "perf/critic_train_mfu",
-                    "perf/logprobs_mfu",
-                    "perf/reference_logprobs_mfu",
-                    "perf/values_mfu",
-                    "perf/step_flops_utilization",
-                ),
+                MFU_KEYS,
             ),
             Panel("perf/padding_ratio", ("perf/padding_ratio",)),
             Panel("perf/trained_tokens_per_s", ("perf/trained_tokens_per_s",)),

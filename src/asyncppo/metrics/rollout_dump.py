@@ -60,22 +60,13 @@ def build_rollout_dump(
 
     `decode` (token ids -> text, the run's tokenizer) fills `content` and `token_text`; without it both are absent.
     """
-    size, seq_len = len(batch), batch.seq_len
-    if credit_level not in ("token", "turn"):
-        raise ValueError(f"credit_level must be 'token' or 'turn', got {credit_level!r}")
-    if (anchor_mask is not None) != (credit_level == "turn"):
-        raise ValueError(f"anchor_mask must be given exactly in turn credit mode (credit_level={credit_level!r})")
-    if anchor_mask is not None and tuple(anchor_mask.shape) != (size, seq_len):
-        raise ValueError(f"anchor_mask shape {tuple(anchor_mask.shape)} != batch shape {(size, seq_len)}")
-    if num_generations_per_prompt < 1:
-        raise ValueError(f"num_generations_per_prompt must be >= 1, got {num_generations_per_prompt}")
+    _check_arguments(len(batch), batch.seq_len, num_generations_per_prompt, credit_level, anchor_mask)
     batch = batch.to("cpu")
     advantages, old_logprobs = batch.advantages, batch.old_logprobs
     if advantages is None or old_logprobs is None:
         raise ValueError(f"rollout dump at step {step} needs batch.advantages and batch.old_logprobs; dump after both")
     policy_token = batch.token_mask > 0
     rows, positions = policy_token.nonzero(as_tuple=True)
-    prompt_group_index, generation_index = _group_positions(batch.group_ids)
 
     def packed(values: torch.Tensor) -> torch.Tensor:
         return values.detach()[rows, positions].float()
@@ -88,17 +79,7 @@ def build_rollout_dump(
         "credit_level": credit_level,
         "adv_raw_mean": float(adv_raw_mean),
         "adv_raw_std": float(adv_raw_std),
-        "sample_index": torch.arange(size),
-        "reward": batch.rewards.float(),
-        "sample_loss_mask": batch.sample_mask.float(),
-        "input_length": batch.attention_mask.sum(dim=1).long(),
-        "prompt_length": batch.prompt_lengths.long(),
-        "num_response_tokens": policy_token.sum(dim=1).long(),
-        "prompt_group_index": prompt_group_index,
-        "generation_index": generation_index,
-        "group_id": batch.group_ids.long(),
-        "policy_version": batch.policy_versions.long(),
-        "truncated": batch.truncated.bool(),
+        **_per_sample_arrays(batch, policy_token),
         "token_sample_index": rows,
         "token_sequence_position": positions,
         "token_response_position": positions - batch.prompt_lengths[rows],
@@ -109,7 +90,7 @@ def build_rollout_dump(
     }
     if decode is not None:
         lengths = dump["input_length"].tolist()
-        dump["content"] = [decode(batch.input_ids[row, : lengths[row]].tolist()) for row in range(size)]
+        dump["content"] = [decode(batch.input_ids[row, : lengths[row]].tolist()) for row in range(len(batch))]
         dump["token_text"] = [decode([token_id]) for token_id in dump["token_ids"].tolist()]
     optional = {
         "values": batch.values,
@@ -122,6 +103,42 @@ def build_rollout_dump(
     if anchor_mask is not None:
         dump["is_anchor"] = anchor_mask.detach().cpu()[rows, positions].bool()
     return dump
+
+
+def _check_arguments(
+    size: int,
+    seq_len: int,
+    num_generations_per_prompt: int,
+    credit_level: str,
+    anchor_mask: torch.Tensor | None,
+) -> None:
+    """ValueError for a credit level, anchor mask or group size `build_rollout_dump` cannot describe."""
+    if credit_level not in ("token", "turn"):
+        raise ValueError(f"credit_level must be 'token' or 'turn', got {credit_level!r}")
+    if (anchor_mask is not None) != (credit_level == "turn"):
+        raise ValueError(f"anchor_mask must be given exactly in turn credit mode (credit_level={credit_level!r})")
+    if anchor_mask is not None and tuple(anchor_mask.shape) != (size, seq_len):
+        raise ValueError(f"anchor_mask shape {tuple(anchor_mask.shape)} != batch shape {(size, seq_len)}")
+    if num_generations_per_prompt < 1:
+        raise ValueError(f"num_generations_per_prompt must be >= 1, got {num_generations_per_prompt}")
+
+
+def _per_sample_arrays(batch: TrainBatch, policy_token: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The dump's per-sample arrays [B] (DESCRIPTION), in its key order; `policy_token` [B, S] bool."""
+    prompt_group_index, generation_index = _group_positions(batch.group_ids)
+    return {
+        "sample_index": torch.arange(len(batch)),
+        "reward": batch.rewards.float(),
+        "sample_loss_mask": batch.sample_mask.float(),
+        "input_length": batch.attention_mask.sum(dim=1).long(),
+        "prompt_length": batch.prompt_lengths.long(),
+        "num_response_tokens": policy_token.sum(dim=1).long(),
+        "prompt_group_index": prompt_group_index,
+        "generation_index": generation_index,
+        "group_id": batch.group_ids.long(),
+        "policy_version": batch.policy_versions.long(),
+        "truncated": batch.truncated.bool(),
+    }
 
 
 def write_rollout_dump(

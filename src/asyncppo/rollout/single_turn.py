@@ -97,18 +97,9 @@ def run_single_turn_rollouts(
         messages = prompt_messages(
             row, index, system_prompt=system_prompt, prompt_key=prompt_key, messages_key=messages_key
         )
-        prompt_ids, spans = render_prompt(tokenizer, messages)
-        if len(prompt_ids) > max_prompt_tokens:
-            raise ValueError(
-                f"row {index}: the prompt has {len(prompt_ids)} tokens, over max_prompt_tokens={max_prompt_tokens}"
-            )
-        rendered.append((prompt_ids, spans))
-        if max_new_tokens_key is None:
-            budgets.extend([sampling.max_new_tokens] * num_generations_per_prompt)
-        else:
-            where = f"row {index} (prompt group {group_id_start + index})"
-            row_budgets = row_token_budgets(row, where, max_new_tokens_key, num_generations_per_prompt)
-            budgets.extend(min(budget, sampling.max_new_tokens) for budget in row_budgets)
+        rendered.append(_checked_prompt(tokenizer, messages, index, max_prompt_tokens))
+        where = f"row {index} (prompt group {group_id_start + index})"
+        budgets.extend(_sample_budgets(row, where, max_new_tokens_key, num_generations_per_prompt, sampling))
 
     # One generate call queues every request together, so the engine can decode them in shared batches.
     prompts = [prompt_ids for prompt_ids, _ in rendered for _ in range(num_generations_per_prompt)]
@@ -131,6 +122,28 @@ def run_single_turn_rollouts(
             reward = checked_reward(reward_fn, response_text, row, where)
             trajectories.append(_trajectory(prompt_ids, spans, result, reward, task, group_id, sample_index))
     return trajectories
+
+
+def _checked_prompt(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], index: int, max_prompt_tokens: int
+) -> tuple[list[int], list[MessageSpan]]:
+    """`render_prompt` of row `index`; ValueError naming the row when the prompt is over max_prompt_tokens."""
+    prompt_ids, spans = render_prompt(tokenizer, messages)
+    if len(prompt_ids) > max_prompt_tokens:
+        raise ValueError(
+            f"row {index}: the prompt has {len(prompt_ids)} tokens, over max_prompt_tokens={max_prompt_tokens}"
+        )
+    return prompt_ids, spans
+
+
+def _sample_budgets(
+    row: Mapping[str, Any], where: str, key: str | None, num_generations: int, sampling: SamplingParams
+) -> list[int]:
+    """Each of the row's samples' token budget: sampling.max_new_tokens, capped by the row's own budgets when
+    `key` names their field (`row_token_budgets`)."""
+    if key is None:
+        return [sampling.max_new_tokens] * num_generations
+    return [min(budget, sampling.max_new_tokens) for budget in row_token_budgets(row, where, key, num_generations)]
 
 
 def row_token_budgets(row: Mapping[str, Any], where: str, key: str, num_generations: int) -> list[int]:

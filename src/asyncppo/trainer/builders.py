@@ -4,66 +4,17 @@ Nothing below layer 4 reads a config object; everything it needs is assembled he
 """
 
 import functools
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
-import torch
-from transformers import PreTrainedTokenizerBase
-
-from asyncppo.config import ConfigError, RunConfig
+from asyncppo.config import RunConfig
 from asyncppo.config.models import PrivilegedCriticConfig, TrainedModelConfig
-from asyncppo.demo.arithmetic_policy import ensure_arithmetic_policy
-from asyncppo.demo.tool_policy import ensure_tool_policy
-from asyncppo.generation.engines import EngineSettings
 from asyncppo.generation.protocol import SamplingParams
-from asyncppo.models.tiny import PRESETS, ensure_tiny
 from asyncppo.trainer.ppo_step import StepSettings
+from asyncppo.trainer.setup import DTYPES, ModelPaths, RunSetup
 from asyncppo.workers.generator_worker import GeneratorWorker, load_generator_worker
 from asyncppo.workers.policy_worker import PolicyWorker, PolicyWorkerSettings
 from asyncppo.workers.trained_model import TrainedModelSettings
 from asyncppo.workers.value_worker import ValueWorker, ValueWorkerSettings
-
-TINY_PREFIX = "tiny:"
-DEMO_PREFIX = "demo:"
-DEMO_MODELS = {"arithmetic": ensure_arithmetic_policy, "multi_step": ensure_tool_policy}
-
-
-def cache_dir() -> Path:
-    """Where locally built artifacts (tiny and demo models) are cached: $ASYNCPPO_CACHE_DIR or ~/.cache/asyncppo."""
-    return Path(os.environ.get("ASYNCPPO_CACHE_DIR", Path.home() / ".cache" / "asyncppo"))
-
-
-def resolve_model_path(model_name: str, key: str = "model.model_name") -> Path:
-    """A local model directory: `tiny:<preset>` and `demo:<name>` are built (once) into the cache."""
-    if model_name.startswith(TINY_PREFIX):
-        preset = model_name.removeprefix(TINY_PREFIX)
-        if preset not in PRESETS:
-            raise ConfigError([f"{key}: unknown tiny preset {preset!r}; expected one of {sorted(PRESETS)}"])
-        return ensure_tiny(cache_dir() / "models", preset)
-    if model_name.startswith(DEMO_PREFIX):
-        name = model_name.removeprefix(DEMO_PREFIX)
-        if name not in DEMO_MODELS:
-            raise ConfigError([f"{key}: unknown demo model {name!r}; expected one of {sorted(DEMO_MODELS)}"])
-        return DEMO_MODELS[name](cache_dir() / "models")
-    path = Path(model_name).expanduser()
-    if not (path / "config.json").is_file():
-        raise ConfigError([f"{key}: {model_name!r} is not a local Hugging Face model directory (no config.json)"])
-    return path
-
-
-def resolve_device(config: RunConfig) -> str:
-    """`cuda` or `cpu` from cluster.device (auto = CUDA when the driver sees a GPU)."""
-    wanted = config.cluster.device
-    if wanted == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(["cluster.device: 'cuda' but no CUDA device is visible"])
-    if wanted == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return wanted
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def optimizer_steps_per_run(config: RunConfig, section: TrainedModelConfig, passes_per_step: int) -> int:
@@ -137,62 +88,6 @@ def validation_sampling(config: RunConfig, stop_token_ids: tuple[int, ...]) -> S
     )
 
 
-@dataclass(frozen=True)
-class ModelPaths:
-    """Resolved local directories of the run's models; `resolve` builds tiny and demo models on first use."""
-
-    policy: Path
-    tokenizer: Path
-    value: Path | None
-
-    @classmethod
-    def resolve(cls, config: RunConfig) -> "ModelPaths":
-        """model.model_name, model.tokenizer (null = the policy's directory) and value.model_name (null = the
-        policy's model; None without a critic). A name that is neither a built name nor a local directory is a
-        ConfigError naming its key, before anything loads."""
-        policy = resolve_model_path(config.model.model_name)
-        tokenizer = resolve_model_path(config.model.tokenizer, "model.tokenizer") if config.model.tokenizer else policy
-        value = None
-        if config.value is not None:
-            value_name = config.value.model_name
-            value = policy if value_name is None else resolve_model_path(value_name, "value.model_name")
-        return cls(policy=policy, tokenizer=tokenizer, value=value)
-
-
-def end_and_pad_ids(
-    config: RunConfig, tokenizer: PreTrainedTokenizerBase, tokenizer_path: Path
-) -> tuple[tuple[int, ...], int]:
-    """(ids that end a generation: EOS plus generation.stop_token_ids, pad id: the tokenizer's or EOS)."""
-
-    def token_id(value: object, name: str) -> int:
-        if not isinstance(value, int):
-            raise ConfigError(
-                [f"model.tokenizer: the tokenizer at {tokenizer_path} has {name}={value!r}; generation needs one id"]
-            )
-        return value
-
-    eos_id = token_id(tokenizer.eos_token_id, "eos_token_id")
-    stop_ids: list[int] = list(config.generation.stop_token_ids or [])
-    pad = eos_id if tokenizer.pad_token_id is None else token_id(tokenizer.pad_token_id, "pad_token_id")
-    return tuple(sorted({eos_id, *stop_ids})), pad
-
-
-def engine_settings(config: RunConfig, eos_token_ids: tuple[int, ...], pad_token_id: int) -> EngineSettings:
-    generation = config.generation
-    return EngineSettings(
-        max_batch_size=generation.max_batch_size,
-        max_context_length=config.model.max_total_sequence_length,
-        seed=config.ppo.seed,
-        eos_token_ids=eos_token_ids,
-        pad_token_id=pad_token_id,
-        backend=generation.backend,
-        gpu_memory_utilization=generation.gpu_memory_utilization,
-        kv_cache_tokens=generation.kv_cache_tokens,
-        prefix_cache=generation.enable_prefix_caching,
-        recompute_kv_after_weight_update=config.ppo.async_ppo.recompute_kv_cache_after_weight_updates,
-    )
-
-
 def _trained_model_settings(
     config: RunConfig, section: TrainedModelConfig, paths: ModelPaths, passes_per_step: int, max_tokens: int | None
 ) -> TrainedModelSettings:
@@ -213,13 +108,12 @@ def _trained_model_settings(
     )
 
 
-def policy_factory(
-    config: RunConfig, paths: ModelPaths, device: str, colocated: EngineSettings | None
-) -> Callable[[], PolicyWorker]:
+def policy_factory(setup: RunSetup, colocated: bool) -> Callable[[], PolicyWorker]:
     """A picklable zero-argument factory of the PolicyWorker (built in its host process: the model is loaded
-    there, never shipped)."""
-    section = config.model
-    trained = _trained_model_settings(config, section, paths, config.ppo.ppo_epochs, section.max_tokens_per_microbatch)
+    there, never shipped); `colocated`: with a generation engine of its own over the same model."""
+    config, section = setup.config, setup.config.model
+    passes = config.ppo.ppo_epochs
+    trained = _trained_model_settings(config, section, setup.paths, passes, section.max_tokens_per_microbatch)
     settings = PolicyWorkerSettings(
         **vars(trained),
         temperature=config.generation.temperature,
@@ -227,7 +121,8 @@ def policy_factory(
         loss_settings=config.loss_fn,
         keep_reference=needs_reference_logprobs(config),
     )
-    return functools.partial(PolicyWorker, str(paths.policy), device, settings, colocated)
+    engine = setup.engine if colocated else None
+    return functools.partial(PolicyWorker, str(setup.paths.policy), setup.device, settings, engine)
 
 
 def value_worker_settings(config: RunConfig, paths: ModelPaths) -> ValueWorkerSettings:
@@ -241,16 +136,15 @@ def value_worker_settings(config: RunConfig, paths: ModelPaths) -> ValueWorkerSe
     return ValueWorkerSettings(**vars(trained), loss_settings=config.value_loss_fn)
 
 
-def value_factory(config: RunConfig, paths: ModelPaths, device: str) -> Callable[[], ValueWorker]:
+def value_factory(setup: RunSetup) -> Callable[[], ValueWorker]:
     """A picklable zero-argument factory of the ValueWorker."""
-    assert paths.value is not None
-    return functools.partial(ValueWorker, str(paths.value), device, value_worker_settings(config, paths))
+    assert setup.paths.value is not None
+    settings = value_worker_settings(setup.config, setup.paths)
+    return functools.partial(ValueWorker, str(setup.paths.value), setup.device, settings)
 
 
-def generator_factory(
-    config: RunConfig, paths: ModelPaths, device: str, engine: EngineSettings, rank: int
-) -> Callable[[], GeneratorWorker]:
+def generator_factory(setup: RunSetup, rank: int) -> Callable[[], GeneratorWorker]:
     """A picklable zero-argument factory of one non-colocated GeneratorWorker."""
     return functools.partial(
-        load_generator_worker, str(paths.policy), DTYPES[config.model.precision], device, engine, rank
+        load_generator_worker, str(setup.paths.policy), setup.dtype, setup.device, setup.engine, rank
     )

@@ -26,11 +26,11 @@ from asyncppo.algorithms.offline_critic import held_out_split, offline_critic_ta
 from asyncppo.checkpoint import mark_warm_start
 from asyncppo.config import ConfigError, RunConfig
 from asyncppo.metrics import JsonlSink
-from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.rollout.shards import read_shards
 from asyncppo.trainer import builders
 from asyncppo.trainer.critic_collection import CRITIC_DATA_DIR
 from asyncppo.trainer.ppo_step import turn_spans_of
+from asyncppo.trainer.setup import RunSetup
 from asyncppo.types import TrainBatch, Trajectory, collate_trajectories
 from asyncppo.workers.value_worker import ValueWorker
 
@@ -104,15 +104,13 @@ def evaluate(
     }
 
 
-def pretraining_value_worker(config: RunConfig) -> tuple[ValueWorker, int]:
-    """(the critic of the `value` section, with a schedule over critic_pretrain.steps and one optimizer step per
-    batch, pad id)."""
-    paths = builders.ModelPaths.resolve(config)
-    assert paths.value is not None
-    tokenizer = load_tokenizer(paths.tokenizer)
-    _, pad = builders.end_and_pad_ids(config, tokenizer, paths.tokenizer)
+def pretraining_value_worker(setup: RunSetup) -> ValueWorker:
+    """The critic of the `value` section, with a schedule over critic_pretrain.steps and one optimizer step per
+    batch."""
+    config = setup.config
+    assert setup.paths.value is not None
     pretrain = config.critic_pretrain
-    settings = builders.value_worker_settings(config, paths)
+    settings = builders.value_worker_settings(config, setup.paths)
     optimizer = settings.optimizer if pretrain.lr is None else settings.optimizer.model_copy(update={"lr": pretrain.lr})
     settings = dataclasses.replace(
         settings,
@@ -121,12 +119,11 @@ def pretraining_value_worker(config: RunConfig) -> tuple[ValueWorker, int]:
         train_global_batch_size=pretrain.batch_size,
         loss_settings=config.value_loss_fn.model_copy(update={"cliprange": None}),
     )
-    device = builders.resolve_device(config)
-    if device == "cpu":
+    if setup.device == "cpu":
         # As the trainer's CPU hosts do: small models gain nothing from a second OpenMP thread, and on a shared
         # machine its spin-waits cost up to ~10x.
         torch.set_num_threads(1)
-    return ValueWorker(str(paths.value), device, settings), pad
+    return ValueWorker(str(setup.paths.value), setup.device, settings)
 
 
 def _save(worker: ValueWorker, directory: Path, source: str) -> Path:
@@ -152,8 +149,9 @@ def split_rollouts(config: RunConfig, run_dir: Path) -> tuple[Rollouts, list[int
     return _rollouts(config, trajectories), train, held_out
 
 
-def pretrain_critic(config: RunConfig, run_dir: Path) -> tuple[Path, dict[str, float]]:
+def pretrain_critic(setup: RunSetup, run_dir: Path) -> tuple[Path, dict[str, float]]:
     """Train the value model on `run_dir`'s shards; returns (its checkpoint directory, the last evaluation)."""
+    config = setup.config
     if config.value is None:
         raise ConfigError(["value: offline critic pretraining needs a value section (the critic to train)"])
     if config.value.privileged_critic.enabled:
@@ -164,15 +162,31 @@ def pretrain_critic(config: RunConfig, run_dir: Path) -> tuple[Path, dict[str, f
                 "(it trains on the policy's sequences without the reference block); set it to false"
             ]
         )
-    pretrain = config.critic_pretrain
     rollouts, train, held_out = split_rollouts(config, run_dir)
-    worker, pad = pretraining_value_worker(config)
+    worker = pretraining_value_worker(setup)
     out_dir = run_dir / CRITIC_PRETRAIN_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / METRICS_FILE).unlink(missing_ok=True)  # a rerun trains from scratch: its records replace the old ones
-    sink = JsonlSink(out_dir / METRICS_FILE)
-    held = target_batch(config, rollouts, held_out, pad) if held_out else None
     print(f"critic pretraining: {len(train)} rollouts to train on, {len(held_out)} held out", flush=True)
+    last = _train(config, worker, rollouts, train, held_out, setup.pad_token_id, JsonlSink(out_dir / METRICS_FILE))
+    steps = config.critic_pretrain.steps
+    source = f"asyncppo critic pretrain: {steps} steps on {len(train)} rollouts of {run_dir / CRITIC_DATA_DIR}"
+    return _save(worker, out_dir / VALUE_DIR, source), last
+
+
+def _train(
+    config: RunConfig,
+    worker: ValueWorker,
+    rollouts: Rollouts,
+    train: list[int],
+    held_out: list[int],
+    pad_token_id: int,
+    sink: JsonlSink,
+) -> dict[str, float]:
+    """critic_pretrain.steps optimizer steps on random batches of `train`, evaluated on `held_out` every eval_period
+    steps (and at 0 and the end); every step's metrics go to `sink`, closed at the end. Returns the last evaluation."""
+    pretrain = config.critic_pretrain
+    held = target_batch(config, rollouts, held_out, pad_token_id) if held_out else None
     sampler = random.Random(config.ppo.seed)
     last: dict[str, float] = {}
     try:
@@ -180,7 +194,7 @@ def pretrain_critic(config: RunConfig, run_dir: Path) -> tuple[Path, dict[str, f
             metrics: dict[str, float] = {}
             if step > 0:
                 indices = sampler.sample(train, min(pretrain.batch_size, len(train)))
-                batch, to_abs, to_res = target_batch(config, rollouts, indices, pad)
+                batch, to_abs, to_res = target_batch(config, rollouts, indices, pad_token_id)
                 trained = worker.train(batch, offsets=(to_abs, to_res))
                 metrics.update({PREFIX + key.removeprefix("critic/"): value for key, value in trained.items()})
             if held is not None and (step % pretrain.eval_period == 0 or step == pretrain.steps):
@@ -191,9 +205,7 @@ def pretrain_critic(config: RunConfig, run_dir: Path) -> tuple[Path, dict[str, f
             sink.log(step, metrics)
     finally:
         sink.close()
-    source = f"asyncppo critic pretrain: {pretrain.steps} steps on {len(train)} rollouts of {run_dir / CRITIC_DATA_DIR}"
-    checkpoint = _save(worker, out_dir / VALUE_DIR, source)
-    return checkpoint, last
+    return last
 
 
 def _summary(step: int, metrics: dict[str, float]) -> str:

@@ -1,6 +1,6 @@
 """Training through the gym: policy servers on the generation hosts, the gym servers, and the rollout functions.
 
-`trainer/run.py` calls `start_gym_rollouts` when `env.should_use_nemo_gym` is true:
+`trainer/run_inputs.py` (start_rollouts) calls `start_gym_rollouts` for gym runs (`env.should_use_nemo_gym`):
 
     generation hosts: serve_http -> policy server URLs --(launch: builtin)--> launch_builtin_gym(head, agents, envs)
     GymRolloutRunner(head URL or agent URLs) --> train outcomes (sync source, async collector) and validation
@@ -12,14 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from transformers import PreTrainedTokenizerBase
-
-from asyncppo.config import ConfigError, RunConfig
+from asyncppo.config import RunConfig
+from asyncppo.generation.protocol import SupportsGenerate
 from asyncppo.gym.runner import GroupOutcome, GymClientSettings, GymRolloutRunner
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
-from asyncppo.gym.servers.resources import RESOURCES_APPS
 from asyncppo.models.tokenizer import decode_ids
 from asyncppo.pipeline.sources import GroupRolloutFn
+from asyncppo.trainer.setup import RunSetup
 from asyncppo.types import Trajectory
 from asyncppo.workers.policy_http import PolicyServerSettings
 
@@ -27,8 +26,9 @@ log = logging.getLogger(__name__)
 Row = dict[str, Any]
 
 
-class ServedGenerators(Protocol):
-    """The generation side the gym talks to: the run's GeneratorGroup, or an in-process engine (critic collect)."""
+class RolloutGenerators(SupportsGenerate, Protocol):
+    """The generation side rollouts use: the run's GeneratorGroup, or an in-process engine (critic collect). The
+    gym reaches it over HTTP; reward-function rollouts call `generate`."""
 
     def serve_http(self, settings: PolicyServerSettings) -> list[str]: ...
 
@@ -44,15 +44,6 @@ def policy_server_settings(config: RunConfig, tokenizer_path: str) -> PolicyServ
         api_key=gym.api_key,
         port=gym.policy_server_port,
     )
-
-
-def check_builtin_resources(resources: Sequence[str]) -> None:
-    """ConfigError for a built-in environment name (env.gym.resources) that does not exist, before any process
-    starts."""
-    unknown = [name for name in resources if name not in RESOURCES_APPS]
-    if unknown:
-        known = sorted(RESOURCES_APPS)
-        raise ConfigError([f"env.gym.resources: unknown built-in environment {unknown[0]!r}; expected one of {known}"])
 
 
 @dataclass
@@ -89,16 +80,12 @@ class GymRollouts:
 
 
 def start_gym_rollouts(
-    config: RunConfig,
-    generator: ServedGenerators,
-    tokenizer: PreTrainedTokenizerBase,
-    tokenizer_path: str,
-    policy_version: Callable[[], int],
-    results_log: Path | None,
+    setup: RunSetup, generator: RolloutGenerators, policy_version: Callable[[], int], results_log: Path | None
 ) -> GymRollouts:
     """Serve every generation host over HTTP, start the built-in gym (launch: builtin) and connect the client."""
+    config, tokenizer = setup.config, setup.tokenizer
     gym = config.env.gym
-    settings = policy_server_settings(config, tokenizer_path)
+    settings = policy_server_settings(config, str(setup.paths.tokenizer))
     urls = generator.serve_http(settings)
     builtin = None
     if gym.launch == "builtin":

@@ -30,8 +30,8 @@ from transformers import AutoConfig, PretrainedConfig
 
 from asyncppo.config import RunConfig
 from asyncppo.models.flops import TRAINING_FORWARDS, DecoderShape, FlopCounter, Head
-from asyncppo.trainer.builders import ModelPaths
 from asyncppo.trainer.placement import Layout
+from asyncppo.trainer.setup import ModelPaths
 from asyncppo.types import TrainBatch
 
 # Dense bf16/fp16 tensor-core TFLOP/s per device (vendor datasheets, without sparsity), matched as whole words

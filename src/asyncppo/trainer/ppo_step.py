@@ -172,6 +172,9 @@ def ppo_step(
 ) -> StepOutput:
     """One PPO step on `batch` at training step `step` (0-based). See the module docstring for the order.
 
+    Longer than 60 lines on purpose: the step's whole order (scoring, rewards, advantages, critic then policy
+    updates) reads top to bottom in one place; each stage it calls is a function of its own.
+
     critic_prefixes: the privileged critic's per-row prefixes (required exactly when settings.privileged_critic).
     """
     timings: dict[str, float] = {}

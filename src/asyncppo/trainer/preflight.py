@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from asyncppo.config import ConfigError, RunConfig
+from asyncppo.data.rows import MissingPromptFieldError, load_gym_rows, load_rows, split_rows
 from asyncppo.rollout.rewards import RewardFunction, RewardModuleNotFoundError, RewardSpecError, load_reward_function
 from asyncppo.rollout.single_turn import row_token_budgets
-from asyncppo.trainer.run_inputs import load_data
 
 T = TypeVar("T")
 
@@ -132,3 +132,47 @@ def check_reward_function(spec: str, config_dir: Path | None) -> RewardFunction:
         ) from None
     except RewardSpecError as error:
         raise ConfigError([f"{key}: {error}"]) from None
+
+
+def load_data(config: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, validation rows) of data.train_path and data.validation_path (else split off the training
+    rows); a missing, empty or malformed file, or a row without the prompt field, is a ConfigError naming the key.
+
+    Relative paths resolve from the working directory (the process's, not the config file's).
+    """
+    data = config.data
+
+    def load(key: str, path: str) -> list[dict[str, Any]]:
+        if not Path(path).exists():
+            raise ConfigError(
+                [
+                    f"{key}: {path!r} does not exist (relative paths resolve from the working directory {Path.cwd()}); "
+                    "give the path of a .jsonl file or of a datasets save_to_disk directory"
+                ]
+            )
+        try:
+            if config.env.should_use_nemo_gym:
+                rows = load_gym_rows(path)
+            else:
+                rows = load_rows(path, prompt_key=data.prompt_key, messages_key=data.messages_key)
+        except MissingPromptFieldError as error:
+            raise ConfigError(
+                [
+                    f"data.prompt_key: {error.where} has neither the prompt field {data.prompt_key!r} "
+                    f"(data.prompt_key) nor the chat field {data.messages_key!r} (data.messages_key), only "
+                    f"{error.fields}; set data.prompt_key or data.messages_key to the field that holds the prompt"
+                ]
+            ) from None
+        except (ValueError, OSError) as error:
+            raise ConfigError([f"{key}: {error}; fix the file or point {key} at another"]) from None
+        if not rows:
+            raise ConfigError([f"{key}: {path} holds no rows; expected one JSON object per line (with a prompt field)"])
+        return rows
+
+    rows = load("data.train_path", data.train_path)
+    if data.validation_path is not None:
+        return rows, load("data.validation_path", data.validation_path)
+    try:
+        return split_rows(rows, data.validation_fraction, config.ppo.seed)
+    except ValueError as error:
+        raise ConfigError([f"data.validation_fraction: {error}; lower it or add training rows"]) from None

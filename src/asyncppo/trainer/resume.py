@@ -25,7 +25,7 @@ import yaml
 
 from asyncppo.checkpoint import CheckpointManager, load_run_state
 from asyncppo.config import ConfigError, RunConfig, dump_config
-from asyncppo.trainer.run import CONFIG_FILE
+from asyncppo.trainer.run_checkpoints import CONFIG_FILE
 
 HISTORY_DIR = "config_history"
 _HISTORY_ENTRY = re.compile(r"(\d+)_step(\d+)\.yaml")

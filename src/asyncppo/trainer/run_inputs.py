@@ -1,20 +1,21 @@
 """Where a run's trajectories come from: its data, its rollout functions and its batch source.
 
-`trainer/run.py` (build_run) calls these; the gym's rollout functions come from `trainer/gym_setup.py`.
+`trainer/build.py` (start_run) and `trainer/critic_collection.py` call these; the gym's rollout functions come
+from `trainer/gym_setup.py`.
 
-    data.train_path / validation_path --load_data--> rows --PromptStream--> batch_source --> driver
-    reward-function rollouts (single_turn_rollouts) | gym rollouts --RolloutFunctions--> batch source / validation
+    RunSetup.rollout_kind --start_rollouts--> single_turn_rollouts (reward function) | gym rollouts
+        --RolloutFunctions--> batch source (train) / validation
+    training rows (RunSetup.inputs) --PromptStream--> batch_source (sync, or async with its collector) --> driver
 """
 
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from asyncppo.config import ConfigError, RunConfig
+from asyncppo.config import RunConfig
 from asyncppo.data.prompt_stream import PromptStream
-from asyncppo.data.rows import MissingPromptFieldError, load_gym_rows, load_rows, split_rows
 from asyncppo.generation.protocol import SamplingParams, SupportsGenerate
 from asyncppo.pipeline.async_source import build_async_source
 from asyncppo.pipeline.dynamic_sampling import DynamicSampling
@@ -24,8 +25,11 @@ from asyncppo.rollout.rewards import RewardFunction
 from asyncppo.rollout.single_turn import run_single_turn_rollouts
 from asyncppo.trainer import builders
 from asyncppo.trainer.ppo_step import group_training_rewards
+from asyncppo.trainer.setup import RunSetup
 from asyncppo.types import Trajectory
-from asyncppo.workers.generator_group import GeneratorGroup
+
+if TYPE_CHECKING:
+    from asyncppo.trainer.gym_setup import GymRollouts, RolloutGenerators
 
 FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
 ValidationRolloutFn = Callable[[Sequence[dict[str, Any]], int], tuple[list[Trajectory], int]]
@@ -43,16 +47,15 @@ class RolloutFunctions:
     failure_budget: StepFailureBudget
 
 
-def single_turn_rollouts(
-    config: RunConfig, generator: SupportsGenerate, tokenizer: Any, eos: tuple[int, ...], reward_fn: RewardFunction
-) -> RolloutFunctions:
+def single_turn_rollouts(setup: RunSetup, generator: SupportsGenerate, reward_fn: RewardFunction) -> RolloutFunctions:
     """Reward-function rollouts: one generation per sample from the row's prompt, scored by `reward_fn` (the
     function env.reward_function names, loaded and checked by the pre-flight)."""
+    config, tokenizer = setup.config, setup.tokenizer
     max_prompt_tokens = config.data.max_input_seq_length or (
         config.model.max_total_sequence_length - config.generation.max_new_tokens
     )
-    train_profile = builders.train_sampling(config, eos)
-    validation_profile = builders.validation_sampling(config, eos)
+    train_profile = builders.train_sampling(config, setup.eos_token_ids)
+    validation_profile = builders.validation_sampling(config, setup.eos_token_ids)
 
     def rollout(
         rows: Sequence[dict[str, Any]], group_id_start: int, sampling: SamplingParams, generations: int
@@ -83,11 +86,33 @@ def single_turn_rollouts(
     return RolloutFunctions(strict_group_rollouts(train), validation, StepFailureBudget(0, FAILURE_BUDGET_KEY))
 
 
+def start_rollouts(
+    setup: RunSetup,
+    generator: "RolloutGenerators",
+    policy_version: Callable[[], int],
+    gym_results_log: Path | None,
+) -> tuple[RolloutFunctions, "GymRollouts | None"]:
+    """The run's rollout functions, of its rollout kind: the gym's (its servers started over `generator`; the
+    second value, to close) or the reward function's (nothing to close). `policy_version` stamps gym
+    trajectories; `gym_results_log` records every gym result when set."""
+    if setup.rollout_kind == "single_turn":
+        reward_fn = setup.checked_inputs.reward_function
+        assert reward_fn is not None, "the pre-flight loads it for every run without the gym"
+        return single_turn_rollouts(setup, generator, reward_fn), None
+    # Imported here: the gym's HTTP stack (fastapi, uvicorn, httpx) loads only in runs that use the gym.
+    from asyncppo.trainer.gym_setup import start_gym_rollouts
+
+    gym = start_gym_rollouts(setup, generator, policy_version, gym_results_log)
+    config = setup.config
+    budget = StepFailureBudget(config.env.gym.max_failed_groups_per_step, FAILURE_BUDGET_KEY)
+    return RolloutFunctions(gym.rollout(config.ppo.num_generations_per_prompt), gym.validation, budget), gym
+
+
 def batch_source(
     config: RunConfig,
     rows: list[dict[str, Any]],
     rollouts: RolloutFunctions,
-    generator: GeneratorGroup,
+    reseed: Callable[[int], None],
     start_step: int,
 ) -> BatchSource:
     """Sync: generate each step's batch on demand, reseeding the generators per step. Async: a collector runs
@@ -105,7 +130,7 @@ def batch_source(
             rollouts.train,
             num_prompts_per_step=ppo.num_prompts_per_step,
             failure_budget=rollouts.failure_budget,
-            reseed=generator.reseed,
+            reseed=reseed,
             dynamic_sampling=dynamic_sampling(config),
         )
     return build_async_source(
@@ -129,47 +154,3 @@ def dynamic_sampling(config: RunConfig) -> DynamicSampling | None:
         max_gen_batches=ppo.dynamic_sampling_max_gen_batches,
         group_rewards=functools.partial(group_training_rewards, builders.step_settings(config)),
     )
-
-
-def load_data(config: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train rows, validation rows) of data.train_path and data.validation_path (else split off the training
-    rows); a missing, empty or malformed file, or a row without the prompt field, is a ConfigError naming the key.
-
-    Relative paths resolve from the working directory (the process's, not the config file's).
-    """
-    data = config.data
-
-    def load(key: str, path: str) -> list[dict[str, Any]]:
-        if not Path(path).exists():
-            raise ConfigError(
-                [
-                    f"{key}: {path!r} does not exist (relative paths resolve from the working directory {Path.cwd()}); "
-                    "give the path of a .jsonl file or of a datasets save_to_disk directory"
-                ]
-            )
-        try:
-            if config.env.should_use_nemo_gym:
-                rows = load_gym_rows(path)
-            else:
-                rows = load_rows(path, prompt_key=data.prompt_key, messages_key=data.messages_key)
-        except MissingPromptFieldError as error:
-            raise ConfigError(
-                [
-                    f"data.prompt_key: {error.where} has neither the prompt field {data.prompt_key!r} "
-                    f"(data.prompt_key) nor the chat field {data.messages_key!r} (data.messages_key), only "
-                    f"{error.fields}; set data.prompt_key or data.messages_key to the field that holds the prompt"
-                ]
-            ) from None
-        except (ValueError, OSError) as error:
-            raise ConfigError([f"{key}: {error}; fix the file or point {key} at another"]) from None
-        if not rows:
-            raise ConfigError([f"{key}: {path} holds no rows; expected one JSON object per line (with a prompt field)"])
-        return rows
-
-    rows = load("data.train_path", data.train_path)
-    if data.validation_path is not None:
-        return rows, load("data.validation_path", data.validation_path)
-    try:
-        return split_rows(rows, data.validation_fraction, config.ppo.seed)
-    except ValueError as error:
-        raise ConfigError([f"data.validation_fraction: {error}; lower it or add training rows"]) from None

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from asyncppo.config import RunConfig
-from asyncppo.trainer.build import build_run
+from asyncppo.trainer.build import start_run
 from asyncppo.trainer.loop import train
 from asyncppo.trainer.run import Run
-from asyncppo.trainer.third_party_output import quiet_third_party_output
+from asyncppo.trainer.setup import RunSetup
 from asyncppo.workers.ray_host import shutdown_ray
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -69,21 +68,15 @@ class RunOutcome:
     stopped_line: str | None
 
 
-def train_until_done_or_stopped(config: RunConfig, run_dir: Path, config_dir: Path | None = None) -> RunOutcome:
-    """Build, train and close the run, with SIGTERM / SIGINT handled as the module docstring says.
-
-    `config_dir`: the config file's directory, searched for the reward function's module (see build_run).
-    """
-    quiet_third_party_output(config.logger.verbose)
+def train_until_done_or_stopped(setup: RunSetup, run_dir: Path) -> RunOutcome:
+    """Start, train and close the run, with SIGTERM / SIGINT handled as the module docstring says."""
     stop = SignalStop()
     run: Run | None = None
     completed: int | None = None
     with stop.installed():
         try:
             try:
-                run = build_run(
-                    config, run_dir, config_dir
-                )  # starts Ray after our handlers; init_local_ray puts ours back
+                run = start_run(setup, run_dir)  # starts Ray after our handlers; init_local_ray puts ours back
                 try:
                     completed = train(run, stop_requested=stop.requested)
                 finally:
@@ -103,10 +96,10 @@ def _stopped_line(stop: SignalStop, run: Run | None, completed: int | None) -> s
     """One line: which signal stopped the run, after which step, and the checkpoint to resume from."""
     if run is None:
         return f"stopped by {stop.name} while the run was starting: nothing trained"
-    latest = run.checkpoints.latest() if run.checkpoints is not None else None
+    latest = run.checkpoints.latest()
     checkpoint = f"checkpoint {latest}" if latest is not None else "no checkpoint"
     if completed is None:
         return f"stopped by {stop.name} (again: the step in progress was abandoned): last {checkpoint}"
-    if not run.config.checkpointing.enabled:
+    if not run.schedule.checkpoints:
         checkpoint = "no checkpoint (checkpointing.enabled is false)"
     return f"stopped by {stop.name} after step {completed}: {checkpoint}"

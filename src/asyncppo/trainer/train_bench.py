@@ -26,11 +26,11 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncppo.config import ConfigError, RunConfig, load_config
 from asyncppo.metrics import read_metrics_jsonl
-from asyncppo.models.tokenizer import load_tokenizer
+from asyncppo.metrics.report_sections import MFU_KEYS
 from asyncppo.rollout.single_turn import render_prompt
-from asyncppo.trainer import builders
 from asyncppo.trainer.build import build_run
 from asyncppo.trainer.loop import train
+from asyncppo.trainer.setup import resolve_setup
 from asyncppo.workers.ray_host import shutdown_ray
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -158,11 +158,16 @@ def write_prompts(
 
 @dataclass(frozen=True)
 class Variant:
-    """One run of the bench: its name (a VARIANT_OVERRIDES key), validated config and run directory."""
+    """One run of the bench: `name` (a VARIANT_OVERRIDES key), its config (validated when the bench is prepared,
+    before any run starts) and its run directory."""
 
     name: str
     config: RunConfig
     run_dir: Path
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
 
 
 @dataclass(frozen=True)
@@ -223,8 +228,8 @@ def prepare_bench(
         )
     rows = draw_rows(workload, workload.num_prompts * steps)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = load_tokenizer(builders.ModelPaths.resolve(config).tokenizer)
-    prompt_lengths = write_prompts(tokenizer, rows, data_path, budget_key)
+    # The data file is written next, from the tokenizer: the runs' pre-flight checks it when they start.
+    prompt_lengths = write_prompts(resolve_setup(config).tokenizer, rows, data_path, budget_key)
     return PreparedBench(variants, rows, prompt_lengths)
 
 
@@ -275,7 +280,7 @@ def run_variants(variants: Sequence[Variant]) -> list[list[dict[str, Any]]]:
     finally:
         if not ray_was_up:
             shutdown_ray()
-    return [read_metrics_jsonl(variant.run_dir / "metrics.jsonl") for variant in variants]
+    return [read_metrics_jsonl(variant.metrics_path) for variant in variants]
 
 
 PHASE_ORDER = (
@@ -290,16 +295,7 @@ PHASE_ORDER = (
     "validation",
 )
 """timing/<phase> columns in the order a step runs them; phases not listed follow, by name, then `step`."""
-PERF_KEYS = (
-    "perf/trained_tokens_per_s",
-    "perf/padding_ratio",
-    "perf/policy_train_mfu",
-    "perf/critic_train_mfu",
-    "perf/logprobs_mfu",
-    "perf/reference_logprobs_mfu",
-    "perf/values_mfu",
-    "perf/step_flops_utilization",
-)
+PERF_KEYS = ("perf/trained_tokens_per_s", "perf/padding_ratio", *MFU_KEYS)
 
 
 @dataclass(frozen=True)

@@ -13,25 +13,27 @@ the run directory records where every rank ran.
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from asyncppo.config import ConfigError, RunConfig
-from asyncppo.distributed.process_group import SyncGroupSpec
-from asyncppo.generation.engines import EngineSettings
+from asyncppo.distributed.process_group import SyncBackend, SyncGroupSpec
 from asyncppo.trainer import builders
 from asyncppo.trainer.placement import Layout, ray_address
-from asyncppo.trainer.run import WORKER_CALL_TIMEOUT_S
+from asyncppo.trainer.setup import RunSetup
 from asyncppo.workers.generator_group import GeneratorGroup
+from asyncppo.workers.generator_worker import GeneratorWorker
 from asyncppo.workers.groups import PolicyGroup, ValueGroup, WeightSync
-from asyncppo.workers.ray_host import HostOptions, StartingGroup, WorkerGroup, wait_until_built
+from asyncppo.workers.ray_host import Built, DeviceSlot, HostOptions, StartingGroup, WorkerGroup, wait_until_built
 from asyncppo.workers.reservations import DeviceResource, PlacementError, Reservation, stop_workers
 
 PLACEMENT_TIMEOUT_S = 120.0
 """How long a reservation may wait for the cluster's devices before the run fails naming the numbers."""
 PLACEMENT_FILE = "placement.json"
+WORKER_CALL_TIMEOUT_S = 3600.0
+"""The longest a call of a worker group may take before the driver fails naming the call."""
 
 
 @dataclass
@@ -44,6 +46,10 @@ class StartedWorkers:
     weight_sync: WeightSync | None
     groups: list[WorkerGroup[object]] = field(default_factory=list[WorkerGroup[object]])
     reservations: list[Reservation] = field(default_factory=list[Reservation])
+    """The devices the groups sit on, given back after the groups end."""
+
+    def stop(self) -> None:
+        stop_workers(self.groups, self.reservations)
 
 
 def ray_start_options(config: RunConfig, layout: Layout, gpu: bool) -> dict[str, Any]:
@@ -67,88 +73,103 @@ def _host_options(gpu: bool, share: float, max_concurrency: int = 1) -> HostOpti
     )
 
 
-def _reserve(name: str, count: int, resource: DeviceResource) -> Reservation:
-    try:
-        return Reservation.reserve(name, count, resource, PLACEMENT_TIMEOUT_S)
-    except PlacementError as error:
-        raise ConfigError(
-            [f"cluster: {error}; lower the run's devices (docs/multi-node.md) or grow the cluster"]
-        ) from None
+@dataclass
+class _Launches:
+    """The devices reserved and the groups launched so far: `stop` ends them all when a start fails part-way."""
+
+    backend: SyncBackend
+    """torch.distributed backend of the trained groups and the weight sync: nccl on GPUs, gloo on CPU."""
+    groups: list[WorkerGroup[object]] = field(default_factory=list[WorkerGroup[object]])
+    reservations: list[Reservation] = field(default_factory=list[Reservation])
+    starting: list[StartingGroup[Any]] = field(default_factory=list[StartingGroup[Any]])
+
+    def reserve(self, name: str, count: int, resource: DeviceResource) -> Reservation:
+        try:
+            reservation = Reservation.reserve(name, count, resource, PLACEMENT_TIMEOUT_S)
+        except PlacementError as error:
+            raise ConfigError(
+                [f"cluster: {error}; lower the run's devices (docs/multi-node.md) or grow the cluster"]
+            ) from None
+        self.reservations.append(reservation)
+        return reservation
+
+    def launch(
+        self,
+        name: str,
+        factories: Sequence[Callable[[], Built]],
+        options: HostOptions,
+        slots: Sequence[DeviceSlot],
+        trained: bool,
+    ) -> WorkerGroup[Built]:
+        """Start the group's hosts and send their builds; `trained` groups form one data-parallel group."""
+        data_parallel = self.backend if trained else None
+        start = WorkerGroup.launch(name, factories, options, WORKER_CALL_TIMEOUT_S, slots, data_parallel)
+        self.groups.append(start.group)
+        self.starting.append(start)
+        return start.group
 
 
-def start_workers(
-    config: RunConfig, paths: builders.ModelPaths, device: str, engine: EngineSettings, layout: Layout
-) -> StartedWorkers:
-    """Reserve the devices, start every rank on them and connect weight sync; on failure nothing is left running."""
-    gpu = device == "cuda"
+def start_workers(setup: RunSetup, layout: Layout) -> StartedWorkers:
+    """Reserve the devices, start every rank on them and connect weight sync; on failure nothing is left running.
+
+    Every group is launched before any is waited for: the workers import and load their models at the same time
+    (started one group after another, a one-step CPU demo run took ~5 s longer).
+    """
+    gpu = setup.device == "cuda"
     resource: DeviceResource = "GPU" if gpu else "CPU"
-    backend = "nccl" if gpu else "gloo"
-    colocated = config.generation.colocated.enabled
-    groups: list[WorkerGroup[object]] = []
-    reservations: list[Reservation] = []
+    colocated = setup.config.generation.colocated.enabled
+    launches = _Launches(backend="nccl" if gpu else "gloo")
     try:
-        trainers = _reserve("trainers", layout.trainer_devices, resource)
-        reservations.append(trainers)
-        slots = trainers.slots()
+        slots = launches.reserve("trainers", layout.trainer_devices, resource).slots()
         shared = layout.critic_ranks > 0 and not layout.critic_own_devices
-        # Every group is launched before any is waited for: the workers import and load their models at the same
-        # time (started one group after another, a one-step CPU demo run took ~5 s longer).
-        starting: list[StartingGroup[Any]] = []
-        policy_start = WorkerGroup.launch(
+        share = 0.5 if shared else 1.0
+        policy_options = _host_options(gpu, share, max_concurrency=4)
+        policy = launches.launch(
             "policy",
-            [builders.policy_factory(config, paths, device, engine if colocated else None)] * layout.policy_ranks,
-            _host_options(gpu, 0.5 if shared else 1.0, max_concurrency=4),
-            WORKER_CALL_TIMEOUT_S,
-            slots=slots[: layout.policy_ranks],
-            data_parallel=backend,
+            [builders.policy_factory(setup, colocated)] * layout.policy_ranks,
+            policy_options,
+            slots[: layout.policy_ranks],
+            trained=True,
         )
-        groups.append(policy_start.group)
-        starting.append(policy_start)
-        value_start = None
+        value = None
         if layout.critic_ranks:
-            value_start = WorkerGroup.launch(
-                "value",
-                [builders.value_factory(config, paths, device)] * layout.critic_ranks,
-                _host_options(gpu, 0.5 if shared else 1.0),
-                WORKER_CALL_TIMEOUT_S,
-                slots=slots[: layout.critic_ranks] if shared else slots[layout.policy_ranks :],
-                data_parallel=backend,
-            )
-            groups.append(value_start.group)
-            starting.append(value_start)
-        generator_start = None
-        if not colocated:
-            generators = _reserve("generators", layout.generators, resource)
-            reservations.append(generators)
-            generator_start = WorkerGroup.launch(
-                "generator",
-                [builders.generator_factory(config, paths, device, engine, rank) for rank in range(layout.generators)],
-                # Every concurrent rollout must reach the engine's queue to share its batches: with fewer actor
-                # threads than in-flight groups, Ray queues the calls and batches shrink to the thread count.
-                _host_options(gpu, 1.0, max_concurrency=max(64, 2 * config.generation.max_batch_size)),
-                WORKER_CALL_TIMEOUT_S,
-                slots=generators.slots(),
-            )
-            groups.append(generator_start.group)
-            starting.append(generator_start)
-        wait_until_built(starting)
-        policy_group = policy_start.group
-        value = None if value_start is None else ValueGroup(value_start.group)
-        if generator_start is None:
+            critic_slots = slots[: layout.critic_ranks] if shared else slots[layout.policy_ranks :]
+            factories = [builders.value_factory(setup)] * layout.critic_ranks
+            value = launches.launch("value", factories, _host_options(gpu, share), critic_slots, trained=True)
+        generators = None if colocated else _launch_generators(setup, layout, launches, resource, gpu)
+        wait_until_built(launches.starting)
+        value_group = None if value is None else ValueGroup(value)
+        if generators is None:
             return StartedWorkers(
-                PolicyGroup(policy_group), value, GeneratorGroup(policy_group), None, groups, reservations
+                PolicyGroup(policy), value_group, GeneratorGroup(policy), None, launches.groups, launches.reservations
             )
-        generator_group = generator_start.group
-        sync = config.generation.weight_sync
-        host, port = policy_group.rendezvous_address(0)  # rank 0 hosts the sync store, on its node's own address
-        spec = SyncGroupSpec(host, port, 1 + len(generator_group), backend, sync.timeout_s)
-        weight_sync = WeightSync(policy_group, generator_group, spec, sync)
+        sync = setup.config.generation.weight_sync
+        host, port = policy.rendezvous_address(0)  # rank 0 hosts the sync store, on its node's own address
+        spec = SyncGroupSpec(host, port, 1 + len(generators), launches.backend, sync.timeout_s)
+        weight_sync = WeightSync(policy, generators, spec, sync)
         return StartedWorkers(
-            PolicyGroup(policy_group), value, GeneratorGroup(generator_group), weight_sync, groups, reservations
+            PolicyGroup(policy),
+            value_group,
+            GeneratorGroup(generators),
+            weight_sync,
+            launches.groups,
+            launches.reservations,
         )
     except BaseException:
-        stop_workers(groups, reservations)
+        stop_workers(launches.groups, launches.reservations)
         raise
+
+
+def _launch_generators(
+    setup: RunSetup, layout: Layout, launches: _Launches, resource: DeviceResource, gpu: bool
+) -> WorkerGroup[GeneratorWorker]:
+    """The non-colocated generator ranks, one device each."""
+    slots = launches.reserve("generators", layout.generators, resource).slots()
+    # Every concurrent rollout must reach the engine's queue to share its batches: with fewer actor threads than
+    # in-flight groups, Ray queues the calls and batches shrink to the thread count.
+    options = _host_options(gpu, 1.0, max_concurrency=max(64, 2 * setup.config.generation.max_batch_size))
+    factories = [builders.generator_factory(setup, rank) for rank in range(layout.generators)]
+    return launches.launch("generator", factories, options, slots, trained=False)
 
 
 def write_placement(path: Path, groups: Sequence[WorkerGroup[object]]) -> list[dict[str, Any]]:

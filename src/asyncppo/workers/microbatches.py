@@ -7,7 +7,7 @@ the step batch, so per-sample side inputs (the critic's return-space offsets) fo
 Letters: B samples, S positions.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -55,20 +55,7 @@ def pack_by_tokens(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     Greedy in order (training order and determinism are kept; no sorting). A row longer than the budget gets a
     group of its own, since it cannot be split.
     """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {max_tokens}")
-    groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for position, length in enumerate(lengths):
-        if current and (len(current) + 1) * max(longest, length) > max_tokens:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(position)
-        longest = max(longest, length)
-    if current:
-        groups.append(current)
-    return groups
+    return _pack_in_order(lengths, max_tokens, lambda rows, longest, _total: rows * longest)
 
 
 def pack_by_token_sum(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -77,16 +64,23 @@ def pack_by_token_sum(lengths: Sequence[int], max_tokens: int) -> list[list[int]
     The budget of a packed forward, which computes only real tokens. Greedy in order, like `pack_by_tokens`; a
     row longer than the budget gets a group of its own.
     """
+    return _pack_in_order(lengths, max_tokens, lambda _rows, _longest, total: total)
+
+
+def _pack_in_order(lengths: Sequence[int], max_tokens: int, cost: Callable[[int, int, int], int]) -> list[list[int]]:
+    """Greedy in-order groups of positions: a row joins the current group unless the group's `cost(rows, longest
+    row, total length)` with it would pass max_tokens (a group's first row always joins it)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {max_tokens}")
     groups: list[list[int]] = []
     current: list[int] = []
-    total = 0
+    longest = total = 0
     for position, length in enumerate(lengths):
-        if current and total + length > max_tokens:
+        if current and cost(len(current) + 1, max(longest, length), total + length) > max_tokens:
             groups.append(current)
-            current, total = [], 0
+            current, longest, total = [], 0, 0
         current.append(position)
+        longest = max(longest, length)
         total += length
     if current:
         groups.append(current)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import Generator
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.models.tokenizer import load_tokenizer
+from asyncppo.types import SamplingProfile
 
 HOST = "127.0.0.1"
 

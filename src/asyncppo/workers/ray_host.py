@@ -25,7 +25,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
 import ray._private.ray_constants as ray_constants
@@ -34,9 +34,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncppo.distributed.default_group import Rendezvous, join_default_group
 from asyncppo.distributed.process_group import is_loopback
-
-if TYPE_CHECKING:
-    from asyncppo.workers.reservations import DeviceSlot
 
 LOCAL_HOST = "127.0.0.1"
 # Ray's switch between a machine-local cluster (every daemon and worker on 127.0.0.1) and one other machines may
@@ -197,7 +194,18 @@ class HostOptions:
     torch_threads: int | None = None
 
 
-def start_host(options: HostOptions, slot: "DeviceSlot | None" = None) -> Any:
+# Defined here, where a host is started in a slot, rather than in reservations.py, which hands slots out:
+# reservations.py then depends on this module (for `stop_workers`) and nothing depends back.
+@dataclass(frozen=True)
+class DeviceSlot:
+    """One device of a reservation (`reservations.py`): where a worker host is started."""
+
+    placement_group: Any
+    """The Ray PlacementGroup."""
+    bundle_index: int
+
+
+def start_host(options: HostOptions, slot: DeviceSlot | None = None) -> Any:
     """Start one WorkerHost actor, in `slot` of a placement group when given (returns its handle; its worker is
     built by `build`)."""
     strategy = None
@@ -238,35 +246,22 @@ class WorkerGroup(Generic[Worker]):
     # A static method with its own type variable: pyright infers the worker type from the factories only here
     # (through a classmethod on the unparameterized `WorkerGroup` it stays Unknown).
     @staticmethod
-    def start(
-        name: str,
-        factories: Sequence[Callable[[], Built]],
-        options: HostOptions,
-        timeout_s: float,
-        slots: Sequence["DeviceSlot"] | None = None,
-        data_parallel: str | None = None,
-    ) -> "WorkerGroup[Built]":
-        """Start one host per factory (in `slots[rank]` when given) and wait until every one has built its worker.
-
-        data_parallel: a torch.distributed backend (`gloo`, `nccl`): with more than one factory the hosts first
-        form one default process group, meeting at rank 0's node, so the workers shard their models over it.
-        """
-        starting = WorkerGroup.launch(name, factories, options, timeout_s, slots, data_parallel)
-        wait_until_built([starting])
-        return starting.group
-
-    @staticmethod
     def launch(
         name: str,
         factories: Sequence[Callable[[], Built]],
         options: HostOptions,
         timeout_s: float,
-        slots: Sequence["DeviceSlot"] | None = None,
+        slots: Sequence[DeviceSlot] | None = None,
         data_parallel: str | None = None,
     ) -> "StartingGroup[Built]":
-        """`start` without the wait: the hosts are started and their builds sent; `wait_until_built` waits for them.
-        Several groups launched before one wait build at the same time (a run's start-up is mostly imports and
-        model loading in each worker process, which need not take turns)."""
+        """Start one host per factory (in `slots[rank]` when given) and send each its build, without waiting for
+        them: `wait_until_built` waits. Several groups launched before one wait build at the same
+        time (a run's start-up is mostly imports and model loading in each worker process, which need not take
+        turns).
+
+        data_parallel: a torch.distributed backend (`gloo`, `nccl`): with more than one factory the hosts first
+        form one default process group, meeting at rank 0's node, so the workers shard their models over it.
+        """
         if slots is not None and len(slots) != len(factories):
             raise ValueError(f"{name}: {len(factories)} workers but {len(slots)} placement slots")
         group = WorkerGroup[Built](name, [], timeout_s)
@@ -287,6 +282,8 @@ class WorkerGroup(Generic[Worker]):
             group.kill()
             raise
         return StartingGroup(group, builds)
+
+    """`launch`, then wait until every host has built its worker; takes `launch`'s arguments and returns the group."""
 
     def rendezvous_address(self, rank: int) -> tuple[str, int]:
         """`rank`'s node IP and a port free there: where a group whose rank 0 is that host can meet."""

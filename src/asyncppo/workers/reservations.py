@@ -10,29 +10,19 @@ errors name what was asked and what the cluster has, instead of Ray waiting fore
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
 from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from asyncppo.workers.ray_host import WorkerGroup
+from asyncppo.workers.ray_host import DeviceSlot, WorkerGroup
 
 DeviceResource = Literal["GPU", "CPU"]
 
 
 class PlacementError(RuntimeError):
     """The cluster cannot hold a pool of devices; the message names the numbers."""
-
-
-@dataclass(frozen=True)
-class DeviceSlot:
-    """One device of a reservation: where a worker host is started."""
-
-    placement_group: Any
-    """The Ray PlacementGroup."""
-    bundle_index: int
 
 
 class Reservation:

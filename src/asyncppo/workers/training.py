@@ -116,6 +116,26 @@ def _forward_global_batch(
     return loss_sum, metrics
 
 
+def _checked_grad_norm(
+    loss_sum: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    parameters: Sequence[nn.Parameter],
+    max_grad_norm: float | None,
+    group: DataParallel | None,
+    where: str,
+) -> float:
+    """The pre-clip gradient norm of a global batch, gradients clipped (`_clip_gradients`); NonFiniteTrainingError
+    naming `where`, gradients dropped and no step taken, when the loss on any rank or the norm is not finite."""
+    if not all_ranks_finite(loss_sum, group):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteTrainingError(f"non-finite loss in {where}; no optimizer step was taken")
+    grad_norm = _clip_gradients(parameters, max_grad_norm)
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteTrainingError(f"non-finite gradient norm {grad_norm} in {where}; no optimizer step was taken")
+    return grad_norm
+
+
 def _clip_gradients(parameters: Sequence[nn.Parameter], max_grad_norm: float | None) -> float:
     """Global L2 norm of the gradients before clipping; clips them in place to `max_grad_norm` when set."""
     if max_grad_norm is None:
@@ -174,15 +194,7 @@ def train_pass(
         loss_sum, metrics = _forward_global_batch(
             batch, rows, lengths, loss_fn, normalizers, plan, device, group, backward=True, tally=tally
         )
-        if not all_ranks_finite(loss_sum, group):
-            optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteTrainingError(f"non-finite loss in {where}; no optimizer step was taken")
-        grad_norm = _clip_gradients(parameters, max_grad_norm)
-        if not math.isfinite(grad_norm):
-            optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteTrainingError(
-                f"non-finite gradient norm {grad_norm} in {where}; no optimizer step was taken"
-            )
+        grad_norm = _checked_grad_norm(loss_sum, optimizer, parameters, max_grad_norm, group, where)
         lrs.append(float(optimizer.param_groups[0]["lr"]))
         grad_norms.append(grad_norm)
         optimizer.step()

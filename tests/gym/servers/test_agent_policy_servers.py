@@ -6,11 +6,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 import httpx
+from gym_fakes import policy_server_of
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
 from asyncppo.gym.servers.launch import launch_builtin_gym
 from asyncppo.gym.servers.resources import SESSION_COUNTER_TOOLS
 from asyncppo.models.tiny import EOS_TOKEN_ID
@@ -33,22 +32,9 @@ class TwoTurns:
         return future
 
 
-def serve(generator: TwoTurns, tokenizer: PreTrainedTokenizerBase, max_model_len: int = 512) -> PolicyServer:
-    app = create_policy_app(
-        generator,  # pyright: ignore[reportArgumentType]
-        tokenizer,
-        model_name="policy",
-        train_sampling=SamplingProfile(1.0, 1.0),
-        validation_sampling=SamplingProfile(0.0, 1.0),
-        max_model_len=max_model_len,
-        api_key=None,
-    )
-    return PolicyServer(app)
-
-
 def test_rollouts_alternate_between_policy_servers_and_stick_to_one(tokenizer: PreTrainedTokenizerBase) -> None:
     generators: Sequence[TwoTurns] = [TwoTurns(tokenizer), TwoTurns(tokenizer)]
-    servers = [serve(generator, tokenizer) for generator in generators]
+    servers = [policy_server_of(generator, tokenizer) for generator in generators]
 
     def row(index: int) -> dict:
         return {
@@ -89,7 +75,7 @@ def test_a_conversation_that_outgrows_the_context_ends_gracefully(tokenizer: Pre
     tools = [{"type": "function", "function": {k: v for k, v in SESSION_COUNTER_TOOLS[0].items() if k != "type"}}]
     first_prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     first_length = len(tokenizer.encode(str(first_prompt), add_special_tokens=False))
-    server = serve(generator, tokenizer, max_model_len=first_length + len(generator.turns[0]) + 3)
+    server = policy_server_of(generator, tokenizer, max_model_len=first_length + len(generator.turns[0]) + 3)
     row = {
         "responses_create_params": {
             "input": messages,

@@ -9,18 +9,17 @@ from concurrent.futures import Future
 import httpx
 import pytest
 import yaml
+from gym_fakes import head_client, policy_server_of
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.client import GymClient, agent_step_limits_from_config, agent_urls_from_config
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.gym.client import agent_step_limits_from_config, agent_urls_from_config
 from asyncppo.gym.results import StepLimit, trajectory_from_result
 from asyncppo.gym.servers.launch import launch_builtin_gym
 from asyncppo.gym.servers.resources import MULTI_STEP_TOOLS, SESSION_COUNTER_TOOLS, WEATHER_TOOLS, forecast
 from asyncppo.models.tiny import EOS_TOKEN_ID
+from asyncppo.types import Trajectory
 
-TRAIN = SamplingProfile(1.0, 1.0)
 COUNTER_ROW = {
     "responses_create_params": {
         "input": [{"role": "user", "content": "Count to 2."}],
@@ -59,17 +58,14 @@ def tool_call(name: str, arguments: dict) -> str:
 def policy_server(request: pytest.FixtureRequest, tokenizer: PreTrainedTokenizerBase) -> Iterator[str]:
     """OpenAI base URL of a PolicyServer answering with the texts the test parametrizes it with (indirect)."""
     generator = ScriptedTurns(tokenizer, request.param)
-    app = create_policy_app(
-        generator,  # pyright: ignore[reportArgumentType]
-        tokenizer,
-        model_name="policy",
-        train_sampling=TRAIN,
-        validation_sampling=SamplingProfile(0.0, 1.0),
-        max_model_len=1024,
-        api_key=None,
-    )
-    with PolicyServer(app) as server:
+    with policy_server_of(generator, tokenizer, max_model_len=1024) as server:
         yield server.url
+
+
+async def run_group(head_url: str, row: dict) -> list[Trajectory]:
+    """One training rollout of `row` through `gym_client` (group 0, policy version 0)."""
+    async with head_client(head_url) as client:
+        return await client.run_group(row, num_generations=1, group_id=0, policy_version=0)
 
 
 def run(agent_url: str, row: dict) -> dict:
@@ -123,26 +119,12 @@ def test_agent_counts_through_tool_calls_and_its_result_converts_to_a_contiguous
     indirect=True,
 )
 def test_agent_stops_after_max_steps_and_verifies_what_it_has(policy_server: str) -> None:
-    async def collect(head_url: str) -> list:
-        async with GymClient(
-            None,
-            head_url,
-            max_concurrency=1,
-            rollout_deadline_s=30,
-            max_retries=0,
-            backoff_s=0,
-            train_sampling=TRAIN,
-            validation_sampling=SamplingProfile(0.0, 1.0),
-            max_output_tokens=64,
-        ) as client:
-            return await client.run_group(COUNTER_ROW, num_generations=1, group_id=0, policy_version=0)
-
     # The scripted policy answers each of the two rollouts (one direct, one through GymClient) with one tool call.
     with launch_builtin_gym(policy_server, resources=("session_counter",), max_steps=1) as gym:
         config = yaml.safe_load(httpx.get(f"{gym.head_url}/global_config_dict_yaml").json())
         assert agent_step_limits_from_config(config) == {"session_counter_simple_agent": StepLimit(1)}
         result = run(gym.agent_urls["session_counter_simple_agent"], COUNTER_ROW)
-        [trajectory] = asyncio.run(collect(gym.head_url))
+        [trajectory] = asyncio.run(run_group(gym.head_url, COUNTER_ROW))
     assert result["reward"] == 0.0 and result["final_count"] == 1
     assert [item["type"] for item in result["response"]["output"]] == ["function_call", "function_call_output"]
     # Reported completed, but cut by the step limit the head's config gives: recorded as truncated.
@@ -188,18 +170,7 @@ def test_gym_client_finds_the_agent_through_the_head_server_and_runs_a_row(polic
     }
 
     async def collect(head_url: str) -> list:
-        sampling = TRAIN
-        async with GymClient(
-            None,
-            head_url,
-            max_concurrency=2,
-            rollout_deadline_s=30,
-            max_retries=0,
-            backoff_s=0,
-            train_sampling=sampling,
-            validation_sampling=SamplingProfile(0.0, 1.0),
-            max_output_tokens=64,
-        ) as client:
+        async with head_client(head_url, max_concurrency=2) as client:
             assert await client.agent_urls() == gym.agent_urls
             return await client.run_group(row, num_generations=1, group_id=7, policy_version=3)
 
@@ -238,22 +209,8 @@ def test_multi_step_row_chains_add_into_multiply_and_trains_as_three_turns(
         "agent_ref": {"type": "responses_api_agents", "name": "multi_step_simple_agent"},
     }
 
-    async def collect(head_url: str) -> list:
-        async with GymClient(
-            None,
-            head_url,
-            max_concurrency=1,
-            rollout_deadline_s=30,
-            max_retries=0,
-            backoff_s=0,
-            train_sampling=TRAIN,
-            validation_sampling=SamplingProfile(0.0, 1.0),
-            max_output_tokens=64,
-        ) as client:
-            return await client.run_group(row, num_generations=1, group_id=0, policy_version=0)
-
     with launch_builtin_gym(policy_server, resources=("multi_step",), max_steps=4) as gym:
-        [trajectory] = asyncio.run(collect(gym.head_url))
+        [trajectory] = asyncio.run(run_group(gym.head_url, row))
     assert trajectory.reward == 1.0 and trajectory.reward_components == {"correct_answer": 1.0}
     roles = [span.role for span in trajectory.message_log]
     assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]

@@ -8,18 +8,16 @@ from concurrent.futures import Future
 
 import httpx
 import pytest
+from gym_fakes import head_client, policy_server_of
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.config.runtime import SamplingProfile
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.client import AgentHTTPError, GymClient
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.gym.client import AgentHTTPError
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.gym.servers.resources import SESSION_COUNTER_TOOLS
 from asyncppo.models.tiny import EOS_TOKEN_ID
 
 KEY = "s3cret"
-TRAIN, VALIDATION = SamplingProfile(1.0, 1.0), SamplingProfile(0.0, 1.0)
 ROW = {
     "responses_create_params": {"input": "Count to 1.", "tools": SESSION_COUNTER_TOOLS, "max_output_tokens": 64},
     "agent_ref": {"type": "responses_api_agents", "name": "session_counter_simple_agent"},
@@ -46,16 +44,7 @@ class TwoTurns:
 @pytest.fixture
 def keyed_gym(tokenizer: PreTrainedTokenizerBase) -> Iterator[BuiltinGym]:
     """A built-in session_counter gym and its policy server, all requiring KEY."""
-    app = create_policy_app(
-        TwoTurns(tokenizer),  # pyright: ignore[reportArgumentType]
-        tokenizer,
-        model_name="policy",
-        train_sampling=TRAIN,
-        validation_sampling=VALIDATION,
-        max_model_len=1024,
-        api_key=KEY,
-    )
-    server = PolicyServer(app)
+    server = policy_server_of(TwoTurns(tokenizer), tokenizer, max_model_len=1024, api_key=KEY)
     with server, launch_builtin_gym(server.url, resources=("session_counter",), max_steps=3, api_key=KEY) as gym:
         yield gym
 
@@ -75,18 +64,7 @@ def test_every_gym_server_answers_401_without_the_key(keyed_gym: BuiltinGym) -> 
 
 def test_gym_client_with_the_key_runs_a_row_through_head_agent_and_resources(keyed_gym: BuiltinGym) -> None:
     async def run_row(api_key: str | None) -> dict:
-        async with GymClient(
-            None,
-            keyed_gym.head_url,
-            max_concurrency=1,
-            rollout_deadline_s=30,
-            max_retries=0,
-            backoff_s=0,
-            train_sampling=TRAIN,
-            validation_sampling=VALIDATION,
-            max_output_tokens=64,
-            api_key=api_key,
-        ) as client:
+        async with head_client(keyed_gym.head_url, api_key=api_key) as client:
             return await client.run(ROW)
 
     result = asyncio.run(run_row(KEY))

@@ -17,6 +17,7 @@ import json
 import re
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -105,6 +106,84 @@ def turn_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
+@dataclass(frozen=True)
+class SimpleAgent:
+    """One rollout of a row against a policy server and a resources server: the model / tool loop of `/run`."""
+
+    model_name: str
+    max_steps: int
+    resources_url: str
+    """Without a trailing slash."""
+
+    async def rollout(
+        self,
+        http: httpx.AsyncClient,
+        model_url: str,
+        row: dict[str, Any],
+        messages: list[dict[str, Any]],
+        session: dict[str, str],
+    ) -> dict[str, Any]:
+        """The Responses object of the rollout: model turns and tool calls until a turn calls no tool, stops on
+        length, outgrows the context or max_steps is reached (module docstring)."""
+        params = row["responses_create_params"]
+        request = {"model": self.model_name, "tools": chat_tools(params.get("tools")), "logprobs": True}
+        request |= {"temperature": params.get("temperature"), "top_p": params.get("top_p")}
+        request |= {"max_tokens": params.get("max_output_tokens"), "return_tokens_as_token_ids": True}
+        output: list[dict[str, Any]] = []
+        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        incomplete = None
+        for _ in range(self.max_steps):
+            reply = await _post(http, model_url, request | {"messages": messages}, tolerated_400=CONTEXT_FULL)
+            if reply.status_code == 400:
+                # The conversation outgrew the context: a graceful stop, as Gym's model server makes it.
+                incomplete = {"reason": "max_output_tokens"}
+                break
+            answer = reply.json()
+            choice = answer["choices"][0]
+            message = choice["message"]
+            usage["input_tokens"] += answer["usage"]["prompt_tokens"]
+            usage["output_tokens"] += answer["usage"]["completion_tokens"]
+            output.extend(turn_items(message))
+            # The assistant message goes back with its token fields, so the server splices the exact tokens.
+            messages.append({**message, "role": "assistant"})
+            if choice["finish_reason"] == "length":
+                incomplete = {"reason": "max_output_tokens"}
+                break
+            if not message.get("tool_calls"):
+                break
+            for call in message["tool_calls"]:
+                tool_output = await self.call_tool(http, call["function"], session)
+                output.append({"type": "function_call_output", "call_id": call["id"], "output": tool_output})
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": tool_output})
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        return {
+            "id": f"resp_{secrets.token_hex(12)}",
+            "object": "response",
+            "model": self.model_name,
+            "status": "incomplete" if incomplete else "completed",
+            "incomplete_details": incomplete,
+            "output": output,
+            "usage": usage,
+        }
+
+    async def call_tool(self, http: httpx.AsyncClient, function: dict[str, Any], session: dict[str, str]) -> str:
+        """The tool's raw answer text, whatever its status: the model reads errors instead of the rollout failing."""
+        name = function["name"]
+        if not _TOOL_NAME.fullmatch(name) or name in RESERVED_TOOL_NAMES:
+            return json.dumps({"error": f"Unknown tool {name!r}"})
+        try:
+            arguments = json.loads(function["arguments"])
+        except json.JSONDecodeError as error:
+            return json.dumps({"error": f"Invalid tool call arguments: {error}"})
+        if not isinstance(arguments, dict):
+            return json.dumps({"error": f"Invalid tool call arguments: not a JSON object: {quote(arguments)}"})
+        try:
+            answer = await http.post(f"{self.resources_url}/{name}", json=arguments, headers=session)
+        except httpx.TransportError as error:
+            raise UpstreamError(f"tool {name!r}: {type(error).__name__}: {error}") from error
+        return answer.text
+
+
 def create_simple_agent_app(
     model_base_url: str | Sequence[str],
     resources_url: str,
@@ -127,8 +206,8 @@ def create_simple_agent_app(
     base_urls = [model_base_url] if isinstance(model_base_url, str) else list(model_base_url)
     if not base_urls:
         raise ValueError("model_base_url: need at least one policy server URL")
+    agent = SimpleAgent(model_name, max_steps, resources_url.rstrip("/"))
     model_urls = LeastLoaded([chat_completions_url(url) for url in base_urls])
-    resources_url = resources_url.rstrip("/")
     auth = bearer_headers(api_key)
     app = FastAPI(title="asyncppo simple_agent")
     require_api_key(app, api_key)
@@ -147,80 +226,15 @@ def create_simple_agent_app(
         # One client per rollout, no transport timeout: the caller's deadline bounds the rollout.
         async with httpx.AsyncClient(timeout=None, headers=auth) as http:
             try:
-                seed = await _post(http, f"{resources_url}/seed_session", row)
+                seed = await _post(http, f"{agent.resources_url}/seed_session", row)
                 cookie = "; ".join(f"{name}={value}" for name, value in seed.cookies.items())
                 session = {"Cookie": cookie} if cookie else {}
                 with model_urls.lease() as model_url:
-                    response = await _rollout(http, model_url, row, messages, session)
-                verified = await _post(http, f"{resources_url}/verify", row | {"response": response}, session)
+                    response = await agent.rollout(http, model_url, row, messages, session)
+                verified = await _post(http, f"{agent.resources_url}/verify", row | {"response": response}, session)
             except UpstreamError as error:
                 return JSONResponse({"error": str(error)}, 502)
         return verified.json()
-
-    async def _rollout(
-        http: httpx.AsyncClient,
-        model_url: str,
-        row: dict[str, Any],
-        messages: list[dict[str, Any]],
-        session: dict[str, str],
-    ) -> dict[str, Any]:
-        params = row["responses_create_params"]
-        request = {"model": model_name, "tools": chat_tools(params.get("tools")), "logprobs": True}
-        request |= {"temperature": params.get("temperature"), "top_p": params.get("top_p")}
-        request |= {"max_tokens": params.get("max_output_tokens"), "return_tokens_as_token_ids": True}
-        output: list[dict[str, Any]] = []
-        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-        incomplete = None
-        for _ in range(max_steps):
-            reply = await _post(http, model_url, request | {"messages": messages}, tolerated_400=CONTEXT_FULL)
-            if reply.status_code == 400:
-                # The conversation outgrew the context: a graceful stop, as Gym's model server makes it.
-                incomplete = {"reason": "max_output_tokens"}
-                break
-            answer = reply.json()
-            choice = answer["choices"][0]
-            message = choice["message"]
-            usage["input_tokens"] += answer["usage"]["prompt_tokens"]
-            usage["output_tokens"] += answer["usage"]["completion_tokens"]
-            output.extend(turn_items(message))
-            # The assistant message goes back with its token fields, so the server splices the exact tokens.
-            messages.append({**message, "role": "assistant"})
-            if choice["finish_reason"] == "length":
-                incomplete = {"reason": "max_output_tokens"}
-                break
-            if not message.get("tool_calls"):
-                break
-            for call in message["tool_calls"]:
-                tool_output = await _call_tool(http, call["function"], session)
-                output.append({"type": "function_call_output", "call_id": call["id"], "output": tool_output})
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": tool_output})
-        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-        return {
-            "id": f"resp_{secrets.token_hex(12)}",
-            "object": "response",
-            "model": model_name,
-            "status": "incomplete" if incomplete else "completed",
-            "incomplete_details": incomplete,
-            "output": output,
-            "usage": usage,
-        }
-
-    async def _call_tool(http: httpx.AsyncClient, function: dict[str, Any], session: dict[str, str]) -> str:
-        """The tool's raw answer text, whatever its status: the model reads errors instead of the rollout failing."""
-        name = function["name"]
-        if not _TOOL_NAME.fullmatch(name) or name in RESERVED_TOOL_NAMES:
-            return json.dumps({"error": f"Unknown tool {name!r}"})
-        try:
-            arguments = json.loads(function["arguments"])
-        except json.JSONDecodeError as error:
-            return json.dumps({"error": f"Invalid tool call arguments: {error}"})
-        if not isinstance(arguments, dict):
-            return json.dumps({"error": f"Invalid tool call arguments: not a JSON object: {quote(arguments)}"})
-        try:
-            answer = await http.post(f"{resources_url}/{name}", json=arguments, headers=session)
-        except httpx.TransportError as error:
-            raise UpstreamError(f"tool {name!r}: {type(error).__name__}: {error}") from error
-        return answer.text
 
     return app
 

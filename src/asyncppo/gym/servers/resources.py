@@ -236,11 +236,8 @@ def create_multi_step_app() -> FastAPI:
                 return _no_session()
             record: dict[str, Any] = {"name": name, "arguments": body, "result": None}
             state["calls"].append(record)
-            for key in ("a", "b"):
-                if key not in body:
-                    return JSONResponse({"error": f"{name} needs an integer argument `{key}`, it is missing"}, 400)
-                if not _is_int(body[key]):
-                    return JSONResponse({"error": f"{name} needs an integer `{key}`, got {body[key]!r}"}, 400)
+            if problem := _integer_arguments_problem(name, body):
+                return JSONResponse({"error": problem}, 400)
             record["result"] = compute(body["a"], body["b"])
             return {"result": record["result"]}
 
@@ -282,6 +279,16 @@ def dependent_calls_ok(calls: list[dict[str, Any]], operands: list[int]) -> bool
             if later["name"] == "multiply" and later["result"] is not None and _int_pair(later) == sorted((a + b, c)):
                 return True
     return False
+
+
+def _integer_arguments_problem(tool: str, arguments: dict[str, Any]) -> str | None:
+    """What is wrong with a multi_step tool call's `a` and `b` (the first of them missing or not an integer)."""
+    for key in ("a", "b"):
+        if key not in arguments:
+            return f"{tool} needs an integer argument `{key}`, it is missing"
+        if not _is_int(arguments[key]):
+            return f"{tool} needs an integer `{key}`, got {arguments[key]!r}"
+    return None
 
 
 def _int_pair(call: dict[str, Any]) -> list[int]:
