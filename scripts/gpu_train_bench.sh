@@ -5,7 +5,10 @@
 # has its own time limit, so one that runs long leaves the others' numbers. Logs go to $OUT (default
 # /tmp/asyncppo-train-bench). Run from the repo root with the wheels the machine lacks in .whl/.
 # PIECES picks and orders them (default: tests trl05 peer trl15 longtail05); PASS=1 adds
-# scripts/bench_train_pass.py (the training passes alone, with a profile).
+# scripts/bench_train_pass.py (the training passes alone, with a profile). BENCH_ARGS are key=value overrides for
+# every bench piece (e.g. "model.compile=false value.compile=false" for eager layers) and TAG prefixes their log
+# names, so two passes over the pieces in one call keep both sets of logs. TORCH_LOGS=recompiles (the default here)
+# logs each recompiled graph with its reason; each bench piece prints their count.
 set -uo pipefail
 OUT=${OUT:-/tmp/asyncppo-train-bench}
 mkdir -p "$OUT"
@@ -14,21 +17,23 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/site:$PWD/src
 fi
 export ASYNCPPO_CACHE_DIR=/tmp/asyncppo-cache PYTHONUNBUFFERED=1
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache} TORCH_LOGS=${TORCH_LOGS-recompiles}
+TAG=${TAG:-}
 m05=/tmp/qwen2.5-0.5b-random m15=/tmp/qwen2.5-1.5b-random
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-bench() {  # bench NAME TIMEOUT ARGS...: one `asyncppo bench train` into $OUT/NAME.log, its tables on stdout
-  local name=$1 limit=$2
+bench() {  # bench NAME TIMEOUT ARGS...: one `asyncppo bench train` into $OUT/$TAG$NAME.log, its tables on stdout
+  local name=$TAG$1 limit=$2
   shift 2
-  timeout "$limit" python3 -m asyncppo.cli.main bench train "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name exit $?"
-  grep -v -e Loading -e Warning -e warn "$OUT/$name.log" | tail -${TAIL:-40}
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of overrides
+  timeout "$limit" python3 -m asyncppo.cli.main bench train "$@" ${BENCH_ARGS:-} > "$OUT/$name.log" 2>&1
+  echo "== $name exit $? (${BENCH_ARGS:-compile as configured}); recompiles: $(grep -c 'Recompiling function' "$OUT/$name.log")"
+  grep -v -e Loading -e Warning -e warn -e '\[__recompiles' "$OUT/$name.log" | tail -${TAIL:-40}
 }
 for piece in ${PIECES:-tests trl05 peer trl15 longtail05}; do
   case $piece in
     tests)
-      timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_packing.py \
-        tests/models/test_output_head.py 2>&1 | tail -4 ;;
+      timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_packing.py \
+        tests/models/test_output_head.py tests/models/test_compiled_layers.py 2>&1 | tail -${TESTS_TAIL:-4} ;;
     trl05)
       [ -d $m05 ] || python3 scripts/make_random_model.py --shape qwen2.5-0.5b --out $m05 > /dev/null 2>&1
       bench trl05 ${TRL_TIMEOUT:-150} --workload trl --model $m05 --steps ${TRL_STEPS:-6} ;;

@@ -13,12 +13,26 @@ from asyncppo.models.tiny import ensure_tiny
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests first (a stable sort keeps the order within each kind).
+    """Slow tests first in every pytest-xdist worker's share (a stable order within each kind).
 
-    Under pytest-xdist the long end-to-end runs then start at once and the quick tests fill the gaps around them;
-    a long run collected last would leave the other worker idle while it finishes.
+    `--dist worksteal` hands worker k the k-th contiguous slice of the list and later lets an idle worker take the
+    tail of another's queue. With every slow test at the head of the list, they all fell to the first worker, one
+    after another, while the second ran quick tests; a long run started last left a worker idle at the end. So the
+    slow tests are dealt round-robin to the head of each slice: the long end-to-end runs start on every worker at
+    once, the quick tests fill the gaps and the end.
     """
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    quick = [item for item in items if item.get_closest_marker("slow") is None]
+    shares: list[list[pytest.Item]] = [slow[index::workers] for index in range(workers)]
+    # The quick tests fill each share up to the size worksteal cuts: len(items) // workers, the remainder last.
+    sizes = [len(items) // workers] * (workers - 1) + [len(items) - (len(items) // workers) * (workers - 1)]
+    for share, size in zip(shares, sizes, strict=True):
+        take = max(size - len(share), 0)
+        share.extend(quick[:take])
+        quick = quick[take:]
+    shares[-1].extend(quick)
+    items[:] = [item for share in shares for item in share]
 
 
 @pytest.fixture(scope="session")

@@ -34,16 +34,18 @@ LAYERS = {
     "distributed": 2,
     "workers": 3,
     "trainer": 4,
+    "api": 5,
     "cli": 5,
 }
 # The direction inside a layer, bottom tier first: a package imports packages of a lower tier of its own layer, never
 # one of its own tier or above. The tiers hold the edges the tree has (config -> types; algorithms -> config;
-# demo -> data, models; rollout -> generation; gym -> generation, rollout), so a new edge inside a layer is decided
-# here. Layers 3 to 5 hold one package each.
+# demo -> data, models; rollout -> generation; gym -> generation, rollout; cli -> api), so a new edge inside a layer
+# is decided here. Layers 3 and 4 hold one package each; api is the module api.py (`asyncppo.train`).
 TIERS_IN_LAYER = {
     0: [{"types"}, {"config"}, {"algorithms", "data", "models"}, {"demo"}],
     1: [{"checkpoint", "generation", "metrics"}, {"rollout"}, {"gym"}],
     2: [{"distributed", "pipeline"}],
+    5: [{"api"}, {"cli"}],
 }
 TIER = {
     package: tier for tiers in TIERS_IN_LAYER.values() for tier, packages in enumerate(tiers) for package in packages

@@ -12,7 +12,7 @@ DEMO_CONFIG = Path(__file__).parents[2] / "examples" / "configs" / "demo.yaml"
 def test_the_trainer_and_workers_import_without_the_http_stack():
     check = (
         "import sys; import asyncppo.cli.train, asyncppo.trainer.loop, asyncppo.trainer.builders; "
-        "import asyncppo.workers.groups; "
+        "import asyncppo.trainer.stopping, asyncppo.workers.groups; "
         "loaded = [m for m in ('fastapi', 'uvicorn', 'starlette') if m in sys.modules]; "
         "assert not loaded, loaded"
     )

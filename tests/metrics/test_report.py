@@ -14,9 +14,8 @@ import pytest
 from PIL import Image
 
 from asyncppo.cli.main import main
-from asyncppo.cli.report import write_report_after_training
 from asyncppo.metrics import JsonlSink
-from asyncppo.metrics.report import default_report_path, write_report
+from asyncppo.metrics.report import default_report_path, write_report, write_report_or_warn
 
 SECTION_HEADINGS = [
     "Reward",
@@ -213,7 +212,9 @@ def test_a_path_that_is_no_run_directory_is_one_error_line_and_exit_2(tmp_path, 
 
 
 def test_a_report_that_cannot_be_written_after_training_is_one_warning_line(tmp_path, capsys):
-    write_report_after_training(tmp_path / "never-started")  # no metrics.jsonl: the run died before its first log
+    assert (
+        write_report_or_warn(tmp_path / "never-started") is None
+    )  # no metrics.jsonl: the run died before its first log
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("warning: run report not written: ConfigError: ")

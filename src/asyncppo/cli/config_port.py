@@ -1,4 +1,4 @@
-"""`asyncppo config port NEMO_RL.yaml [-o OUT.yaml]`: a NeMo-RL PPO config as an asyncppo config.
+"""`asyncppo config port NEMO_RL.yaml [-o OUT.yaml]`: a NeMo-RL PPO or GRPO config as an asyncppo config.
 
 The table (one row per input key: mapped, neutral, backend or refused) goes to stdout when the config is written
 to a file, to stderr when the config itself goes to stdout (so `> out.yaml` captures only the config). A refused
@@ -15,7 +15,7 @@ from asyncppo.config.nemo_rl import checked_tree, dump_tree, format_table, port_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `config port` arguments."""
-    parser.add_argument("config", help="NeMo-RL PPO config (YAML; `defaults:` and ${...} are resolved)")
+    parser.add_argument("config", help="NeMo-RL PPO or GRPO config (YAML; `defaults:` and ${...} are resolved)")
     parser.add_argument("-o", "--output", default=None, help="asyncppo config to write (default: stdout)")
 
 

@@ -1,8 +1,9 @@
 """The `asyncppo` command: parses arguments and dispatches to the subcommands in this package.
 
     asyncppo config show CONFIG [key=value ...]   print the resolved config
+    asyncppo config check CONFIG [key=value ...] [--run-dir DIR]  the load rules and train's pre-flight (see api.py)
     asyncppo config keys [PREFIX]                 list every config key with its meaning
-    asyncppo config port NEMO_RL.yaml [-o OUT]    port a NeMo-RL PPO config (see cli/config_port.py)
+    asyncppo config port NEMO_RL.yaml [-o OUT]    port a NeMo-RL PPO or GRPO config (cli/config_port.py)
     asyncppo train CONFIG [key=value ...]         train (see cli/train.py); a NeMo-RL config is ported first
     asyncppo gym serve CONFIG [key=value ...]     serve the policy and the built-in gym (see cli/gym_serve.py)
     asyncppo bench generate CONFIG [key=value ...]  time generation alone (see cli/bench_generate.py)
@@ -76,10 +77,19 @@ def _add_config_command(commands: "Commands") -> None:
     show = config_commands.add_parser("show", help="print the resolved config (YAML files + overrides)")
     show.add_argument("config", help="YAML run config")
     show.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.ppo_epochs=2")
+    check = config_commands.add_parser(
+        "check",
+        help="check what `train` checks before it starts (config rules, data, reward function, run directory); "
+        "one `ok:` line and exit 0, or one `error:` line per problem and exit 2",
+    )
+    check.add_argument("config", help="YAML run config (asyncppo's, or a NeMo-RL PPO or GRPO config, ported first)")
+    check.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.ppo_epochs=2")
+    check.add_argument("--run-dir", default=None, help="run directory to check (default: logger.log_dir)")
     keys = config_commands.add_parser("keys", help="list every config key with its type, default and meaning")
     keys.add_argument("prefix", nargs="?", default="", help="only keys under this dotted prefix, e.g. ppo.async_ppo")
     port = config_commands.add_parser(
-        "port", help="port a NeMo-RL PPO config: a table of every key, and the asyncppo config (exit 2 if refused)"
+        "port",
+        help="port a NeMo-RL PPO or GRPO config: a table of every key, and the asyncppo config (exit 2 if refused)",
     )
     from asyncppo.cli.config_port import add_arguments as add_port_arguments
 
@@ -88,7 +98,7 @@ def _add_config_command(commands: "Commands") -> None:
 
 def _add_train_and_gym_commands(commands: "Commands") -> None:
     train = commands.add_parser("train", help="train a policy with PPO")
-    train.add_argument("config", help="YAML run config (asyncppo's, or a NeMo-RL PPO config, ported first)")
+    train.add_argument("config", help="YAML run config (asyncppo's, or a NeMo-RL PPO or GRPO config, ported first)")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.ppo_epochs=2")
     train.add_argument("--run-dir", default=None, help="run directory (default: logger.log_dir)")
 

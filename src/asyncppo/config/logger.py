@@ -1,6 +1,8 @@
 """The `logger` section: where a run's metrics and records go (metrics.jsonl is always written)."""
 
-from pydantic import Field, NonNegativeInt
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt
 
 from asyncppo.config.base import Section
 
@@ -47,6 +49,13 @@ class LoggerConfig(Section):
     """MLflow settings."""
     mismatch_plot_threshold: float = Field(default=1.05, gt=1)
     """Plot the worst sequence's logprobs when token_mult_prob_error exceeds this."""
+    mismatch_plot_period: PositiveInt = 10
+    """At most one mismatch plot per this many steps: a step above the threshold is plotted when at least this
+    many steps passed since the last plot and its error is larger than those of the previous N - 1 steps."""
+    metric_aliases: Literal["nemo_rl"] | None = None
+    """`nemo_rl`: also log each metric that has a NeMo-RL counterpart of the same meaning under NeMo-RL's name
+    (`train/token_mult_prob_error`, `validation/accuracy`, ...; README "NeMo-RL metric names"); null = only
+    asyncppo's names."""
     train_data_period: NonNegativeInt = 1
     """Write `train_data/train_data_step{N}.jsonl` (one line per trained sample: prompt and response texts, token
     counts, reward and its components, mean advantage, group id, policy version) every N steps; 0 = never. Off

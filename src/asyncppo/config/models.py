@@ -44,7 +44,10 @@ class TrainedModelConfig(Section):
     model_name: str | None = None
     """Model directory (each subclass documents its own meaning)."""
     tokenizer: str | None = None
-    """Tokenizer directory; null = the model directory."""
+    """Tokenizer directory or Hugging Face Hub id; null = the model's."""
+    revision: str | None = None
+    """Git revision (branch, tag or commit hash) of a Hub model id in model_name, and of a Hub tokenizer id;
+    null = the default branch. Ignored for local directories and built models (tiny:, demo:)."""
     precision: Precision = "float32"
     """Parameter and compute dtype of the training workers."""
     train_global_batch_size: PositiveInt | None = None
@@ -69,6 +72,13 @@ class TrainedModelConfig(Section):
     """Gradient clipping by global norm; null disables clipping."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    compile: bool | Literal["auto"] = "auto"
+    """Compile each decoder layer with torch.compile (inductor) for the training and scoring forwards, so the
+    element-wise work between the matmuls (norms, rotary embeddings, activations, casts) runs fused; the packed
+    attention stays the FlashAttention varlen kernel and the output head the fused chunked one. Shapes are dynamic:
+    micro-batches of new token counts reuse the compiled code, and the first step pays the compile (cached on disk
+    in TORCHINDUCTOR_CACHE_DIR). Generation with a KV cache on the same model stays eager. `auto` = on CUDA
+    devices (on CPU compiling costs more than it saves); true = on every device; false = eager."""
     optimizer: OptimizerConfig = OptimizerConfig()
     """AdamW settings."""
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -80,8 +90,9 @@ class PolicyModelConfig(TrainedModelConfig):
 
     # Narrowing the shared field to required keeps model_name first in dumps; pydantic supports it.
     model_name: str  # pyright: ignore[reportIncompatibleVariableOverride, reportGeneralTypeIssues]
-    """Local Hugging Face causal LM directory, or `tiny:<preset>` (`tiny:tiny`, `tiny:medium`) for a random
-    model built locally and cached in $ASYNCPPO_CACHE_DIR (default ~/.cache/asyncppo)."""
+    """Hugging Face causal LM: a Hub id (`Qwen/Qwen2.5-0.5B`, read from the Hugging Face cache, downloaded into
+    it unless HF_HUB_OFFLINE=1), a local model directory, or `tiny:<preset>` (`tiny:tiny`, `tiny:medium`) for a
+    random model built locally and cached in $ASYNCPPO_CACHE_DIR (default ~/.cache/asyncppo)."""
     logprob_chunk_size: PositiveInt = 1024
     """Token positions per chunk when computing log-probabilities, so the full fp32 logits never exist at once."""
 

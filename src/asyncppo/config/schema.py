@@ -234,7 +234,7 @@ class RunConfig(Section):
         metric = self.checkpointing.metric_name
         if self.checkpointing.keep_top_k is None or metric is None or not metric.startswith("val:"):
             return
-        if self.data.validation_path is None and self.data.validation_fraction == 0:
+        if not self.data.has_validation_source and self.data.validation_fraction == 0:
             raise RuleError(
                 "checkpointing.metric_name",
                 f"{metric!r} is never logged: the run has no validation rows (set data.validation_path or "

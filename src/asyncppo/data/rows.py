@@ -1,14 +1,16 @@
 """Dataset rows: loading prompt rows from JSONL or a local Hugging Face dataset, checking them, splitting them.
 
-The trainer's builders call `load_rows` (and `split_rows` when no validation file is given) and hand the rows
-to `PromptStream`; rollouts turn a row into a conversation with `prompt_messages`. A row is a plain dict
-with a chat prompt under `messages` or a plain-text one under `prompt`, plus task fields (e.g. `answer`).
+The trainer's pre-flight calls `load_rows` (and `split_rows` when no validation file is given) and hands the rows
+to `PromptStream`; rows read elsewhere (a Hub dataset: data/hub.py) are checked with `canonical_rows` or
+`check_gym_rows`; rollouts turn a row into a conversation with `prompt_messages`. A row is a plain dict with a
+chat prompt under `messages` or a plain-text one under `prompt`, plus task fields (e.g. `answer`, which
+`copy_answer_field` fills from another field).
 """
 
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 PROMPT_KEY = "prompt"
 MESSAGES_KEY = "messages"
@@ -56,7 +58,58 @@ def load_rows(
         raise ValueError(
             f"data path {str(path)!r} is neither a .jsonl file nor a directory written by datasets' save_to_disk"
         )
+    return canonical_rows(raw_rows, where, prompt_key, messages_key)
+
+
+def canonical_rows(
+    raw_rows: list[dict[str, Any]], where: list[str], prompt_key: str | None, messages_key: str | None
+) -> list[dict[str, Any]]:
+    """`raw_rows` checked and with the prompt under `messages` / `prompt`, as `load_rows` returns them; `where`
+    names each row in errors (`<file> row 3 (line 4)`)."""
     return [_canonical_row(row, prompt_key, messages_key, place) for row, place in zip(raw_rows, where, strict=True)]
+
+
+class MissingAnswerMarkerError(ValueError):
+    """A row's answer does not hold the marker that should precede its final answer."""
+
+
+def copy_answer_field(
+    rows: list[dict[str, Any]], answer_key: str | None, where: list[str], marker: str | None = None
+) -> list[dict[str, Any]]:
+    """Each row with `answer` (the field the built-in rewards compare against) set from the field `answer_key`
+    (dots reach into nested objects: `reward_model.ground_truth`; None = the row's own `answer`), cut to the text
+    after `marker` when one is given (GSM8K's `####`: up to a second marker, stripped). The source field stays.
+    ValueError naming the row (by `where`) when the field is missing or null, or the marker is not in it."""
+    copied = []
+    for row, place in zip(rows, where, strict=True):
+        key = answer_key or "answer"
+        answer = _field(row, key)
+        # Arrow tables give every row every column, so a missing field reads as None there.
+        if answer is None:
+            raise ValueError(f"{place}: has no answer field {key!r}; keys found: {sorted(row)}")
+        if marker is not None:
+            text = str(answer)
+            if marker not in text:
+                raise MissingAnswerMarkerError(f"{place}: the answer {_shortened(text)!r} holds no {marker!r}")
+            answer = text.split(marker)[1].strip()
+        copied.append({**row, "answer": answer})
+    return copied
+
+
+def _field(row: dict[str, Any], key: str) -> Any:
+    """`row[key]`, or for a dotted key that is not a field itself, the nested field it names (None if absent)."""
+    if key in row or "." not in key:
+        return row.get(key)
+    node: Any = row
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = cast(dict[str, Any], node)[part]
+    return node
+
+
+def _shortened(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_gym_rows(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
@@ -74,6 +127,11 @@ def load_gym_rows(path: str | Path, split: str | None = None) -> list[dict[str, 
         where = [f"{path} row {index} (line {line})" for index, line in enumerate(line_numbers)]
     else:
         raise ValueError(f"gym data path {str(path)!r} is neither a .jsonl file nor a save_to_disk directory")
+    return check_gym_rows(raw_rows, where)
+
+
+def check_gym_rows(raw_rows: list[dict[str, Any]], where: list[str]) -> list[dict[str, Any]]:
+    """`raw_rows`, unchanged, after checking each is a gym row (see `load_gym_rows`); `where` names each row."""
     for row, place in zip(raw_rows, where, strict=True):
         params = row.get("responses_create_params")
         if not isinstance(params, dict):

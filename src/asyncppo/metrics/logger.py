@@ -7,6 +7,8 @@ The driver builds one and calls `log(step, metrics)` once per step. The rule:
     logs a loud ERROR with the traceback and disables that sink for the rest of the run; the local sinks keep
     logging, so nothing is lost. A disabled sink is not retried: retrying would repeat the error (and any
     network timeout) on every step.
+With `aliases` (source name -> alias name, see `metrics/aliases.py`) every sink gets each step's metrics also
+under the alias names.
 """
 
 import logging
@@ -14,6 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
+from asyncppo.metrics.aliases import with_aliases
 from asyncppo.metrics.sinks import ImageSink, MetricsSink
 
 LOGGER = logging.getLogger(__name__)
@@ -22,12 +25,19 @@ LOGGER = logging.getLogger(__name__)
 class MetricsLogger:
     """Sends metrics to required sinks first (so the local record never waits on a remote one), then the rest."""
 
-    def __init__(self, sinks: Sequence[MetricsSink], best_effort_sinks: Sequence[MetricsSink] = ()) -> None:
+    def __init__(
+        self,
+        sinks: Sequence[MetricsSink],
+        best_effort_sinks: Sequence[MetricsSink] = (),
+        aliases: Mapping[str, str] | None = None,
+    ) -> None:
         self.sinks = list(sinks)
         self.best_effort_sinks = list(best_effort_sinks)
         self.disabled_sinks: list[MetricsSink] = []
+        self.aliases = dict(aliases or {})
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        metrics = with_aliases(metrics, self.aliases)
         for sink in self.sinks:
             sink.log(step, metrics)
         for sink in self._active_best_effort():

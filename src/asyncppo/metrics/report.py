@@ -12,6 +12,7 @@ import base64
 import difflib
 import html
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,17 @@ def write_report(run_dirs: Sequence[Path], output: Path | None = None) -> Path:
     temporary.write_text(page, encoding="utf-8")
     temporary.replace(target)  # a reader (a browser on the previous report) never sees half a page
     return target
+
+
+def write_report_or_warn(run_dir: Path) -> Path | None:
+    """The report of a run that just ended; a failure is one `warning:` line on stderr and None, because the run's
+    own outcome (its exit status and last line) is what the caller reports."""
+    try:
+        return write_report([run_dir])
+    except (Exception, KeyboardInterrupt) as error:  # a report must never mask the run's outcome
+        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
+        print(f"warning: run report not written: {reason}", file=sys.stderr, flush=True)
+        return None
 
 
 def render_report(runs: Sequence[RunRecord]) -> str:

@@ -1,8 +1,9 @@
 """The transformer trunk of a Hugging Face model, run once per batch to get per-position hidden states.
 
 Shared by `policy.token_logprobs` (output head applied in chunks) and `value.values` (scalar head applied
-per position), in the padded layout ([B, S]) or the packed one (`models/packing.py`). Letters: B batch,
-S sequence, H hidden size, T packed tokens.
+per position), in the padded layout ([B, S]) or the packed one (`models/packing.py`). The backbone's decoder
+layers may be compiled (`models/compiled_layers.py`, applied by the workers): these forwards pass no KV cache, so
+they run the compiled layers. Letters: B batch, S sequence, H hidden size, T packed tokens.
 """
 
 import torch
@@ -45,6 +46,7 @@ def last_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor, attentio
     # The attention kernels are chosen here, not by SDPA: on Hopper it would pick cuDNN attention, which builds a
     # new graph (~40 ms) for every new batch shape, so every new training or scoring shape would stall. Flash
     # runs unmasked (causal) batches, the memory-efficient kernel padded ones, math only where neither applies.
+    # Compiled decoder layers (`models/compiled_layers.py`) pick their kernel once, while tracing, under this list.
     with sdpa_kernel(TRAINING_ATTENTION_BACKENDS, set_priority=True):
         outputs = get_backbone(model)(
             input_ids=input_ids,

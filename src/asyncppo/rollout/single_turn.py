@@ -12,6 +12,8 @@ from typing import Any, cast, get_args
 
 from transformers import PreTrainedTokenizerBase
 
+from asyncppo.data.prompt_files import fill_prompt_template
+from asyncppo.data.response_budgets import row_token_budgets
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult, SamplingParams, SupportsGenerate
 from asyncppo.rollout.rewards import RewardFunction, checked_reward
 from asyncppo.types import MessageSpan, Role, Trajectory
@@ -20,9 +22,16 @@ ROLES: tuple[str, ...] = get_args(Role)
 
 
 def prompt_messages(
-    row: Mapping[str, Any], row_index: int, *, system_prompt: str | None, prompt_key: str, messages_key: str
+    row: Mapping[str, Any],
+    row_index: int,
+    *,
+    system_prompt: str | None,
+    prompt_key: str,
+    messages_key: str,
+    prompt_template: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The row's `messages_key` list as is, else [system_prompt (if any), user: row[prompt_key]]."""
+    """The row's `messages_key` list as is, else [system_prompt (if any), user: row[prompt_key] placed in the `{}`
+    of `prompt_template` (if any)]."""
     if messages_key in row:
         messages = row[messages_key]
         if not isinstance(messages, list) or not messages:
@@ -31,7 +40,9 @@ def prompt_messages(
     if prompt_key not in row:
         raise ValueError(f"row {row_index} has neither {messages_key!r} nor {prompt_key!r}; its keys are {sorted(row)}")
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return [*system, {"role": "user", "content": str(row[prompt_key])}]
+    text = str(row[prompt_key])
+    content = fill_prompt_template(prompt_template, text) if prompt_template is not None else text
+    return [*system, {"role": "user", "content": content}]
 
 
 def _render(
@@ -80,6 +91,7 @@ def run_single_turn_rollouts(
     messages_key: str,
     max_prompt_tokens: int,
     max_new_tokens_key: str | None = None,
+    prompt_template: str | None = None,
 ) -> list[Trajectory]:
     """G = num_generations_per_prompt Trajectories per row, row-major: row i's sample j is at i * G + j.
 
@@ -88,6 +100,8 @@ def run_single_turn_rollouts(
     they can share batches. With `max_new_tokens_key`, sample j of row i generates at most
     min(row_token_budgets(...)[j], sampling.max_new_tokens) tokens. The reward is reward_fn(response text decoded
     without special tokens, row); task = the row minus the prompt/messages field (a budget field stays in it).
+    Plain-text prompts get `system_prompt` and `prompt_template` (`prompt_messages`); the row the reward function
+    sees keeps the prompt as the data holds it.
     """
     if num_generations_per_prompt < 1:
         raise ValueError(f"num_generations_per_prompt must be >= 1, got {num_generations_per_prompt}")
@@ -95,7 +109,12 @@ def run_single_turn_rollouts(
     budgets: list[int] = []
     for index, row in enumerate(rows):
         messages = prompt_messages(
-            row, index, system_prompt=system_prompt, prompt_key=prompt_key, messages_key=messages_key
+            row,
+            index,
+            system_prompt=system_prompt,
+            prompt_key=prompt_key,
+            messages_key=messages_key,
+            prompt_template=prompt_template,
         )
         rendered.append(_checked_prompt(tokenizer, messages, index, max_prompt_tokens))
         where = f"row {index} (prompt group {group_id_start + index})"
@@ -144,26 +163,6 @@ def _sample_budgets(
     if key is None:
         return [sampling.max_new_tokens] * num_generations
     return [min(budget, sampling.max_new_tokens) for budget in row_token_budgets(row, where, key, num_generations)]
-
-
-def row_token_budgets(row: Mapping[str, Any], where: str, key: str, num_generations: int) -> list[int]:
-    """The response token budget of each of the row's `num_generations` samples, from its field `key`: one int
-    for every sample or a list of `num_generations` ints, one per sample. ValueError naming `where` (the row),
-    the key and the value when the field is missing or not positive ints of the right count."""
-    if key not in row:
-        raise ValueError(
-            f"{where} has no response budget field {key!r} (data.max_new_tokens_key); its keys are {sorted(row)}"
-        )
-    value = row[key]
-    budgets = cast(list[Any], value) if isinstance(value, list) else [value] * num_generations
-    # bool is an int subclass; `true` as a budget is a data mistake, not 1 token.
-    positive = all(isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1 for budget in budgets)
-    if not positive or len(budgets) != num_generations:
-        raise ValueError(
-            f"{where}: {key!r} (data.max_new_tokens_key) must be a positive int or a list of {num_generations} "
-            f"positive ints (one per sample), got {value!r:.200}"
-        )
-    return budgets
 
 
 def _with_budget(sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:

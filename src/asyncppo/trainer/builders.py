@@ -105,6 +105,7 @@ def _trained_model_settings(
         sequence_packing=section.sequence_packing,
         logprob_batch_size=section.logprob_batch_size,
         activation_checkpointing=section.activation_checkpointing,
+        compile=section.compile,
     )
 
 

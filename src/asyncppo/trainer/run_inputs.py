@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncppo.config import RunConfig
+from asyncppo.data.prompt_files import prompt_texts
 from asyncppo.data.prompt_stream import PromptStream
 from asyncppo.generation.protocol import SamplingParams, SupportsGenerate
 from asyncppo.pipeline.async_source import build_async_source
@@ -48,9 +49,11 @@ class RolloutFunctions:
 
 
 def single_turn_rollouts(setup: RunSetup, generator: SupportsGenerate, reward_fn: RewardFunction) -> RolloutFunctions:
-    """Reward-function rollouts: one generation per sample from the row's prompt, scored by `reward_fn` (the
-    function env.reward_function names, loaded and checked by the pre-flight)."""
+    """Reward-function rollouts: one generation per sample from the row's prompt (plain-text prompts with the
+    system prompt and the prompt template of the data section, which the pre-flight checked), scored by
+    `reward_fn` (the function env.reward_function names, loaded and checked by the pre-flight)."""
     config, tokenizer = setup.config, setup.tokenizer
+    texts = prompt_texts(config.data, gym=False)  # data.system_prompt(_file), data.prompt_file
     max_prompt_tokens = config.data.max_input_seq_length or (
         config.model.max_total_sequence_length - config.generation.max_new_tokens
     )
@@ -68,7 +71,8 @@ def single_turn_rollouts(setup: RunSetup, generator: SupportsGenerate, reward_fn
             sampling=sampling,
             reward_fn=reward_fn,
             group_id_start=group_id_start,
-            system_prompt=config.data.system_prompt,
+            system_prompt=texts.system_prompt,
+            prompt_template=texts.prompt_template,
             prompt_key="prompt",
             messages_key="messages",
             max_prompt_tokens=max_prompt_tokens,

@@ -10,9 +10,12 @@ Every question takes `completed`, the number of steps done so far (the step just
     accounting_after(completed)   ppo.async_ppo.log_every: every N steps, 0 never, null every step
     dump_rollouts_after(...)      ppo.log_rollout_dump with ppo.rollout_dump_period
     write_train_data_after(...)   logger.train_data_period (not when the gym's own responses are logged)
-    plot_mismatch(error)          logger.mismatch_plot_threshold
+    mismatch_plots()              logger.mismatch_plot_threshold with logger.mismatch_plot_period: the one
+                                  stateful answer, a MismatchPlotTrigger the step records keep
 """
 
+import math
+from collections import deque
 from dataclasses import dataclass
 
 from asyncppo.config import RunConfig
@@ -81,6 +84,39 @@ class Schedule:
     def write_train_data_after(self, completed: int) -> bool:
         return not self.logs_gym_responses and _every(self.logger.train_data_period, completed)
 
-    def plot_mismatch(self, token_mult_prob_error: float | None) -> bool:
-        threshold = self.logger.mismatch_plot_threshold
-        return token_mult_prob_error is not None and token_mult_prob_error > threshold
+    def mismatch_plots(self) -> "MismatchPlotTrigger":
+        """A fresh trigger for the run's mismatch plots (it remembers the steps it has seen)."""
+        return MismatchPlotTrigger(self.logger.mismatch_plot_threshold, self.logger.mismatch_plot_period)
+
+
+class MismatchPlotTrigger:
+    """Whether a step gets a mismatch plot: at most one per `period` steps, each on a new high of the error.
+
+    Step s with error e (mismatch/token_mult_prob_error) is plotted when
+        e > threshold,  no plot yet or s - last_plot >= period,  e > the errors of steps s - period + 1 .. s - 1.
+    Those earlier steps all come after the last plot (the second rule), so a plot shows the worst of the last
+    `period` steps, none of them plotted before; a spike too soon after a plot holds the next one back for
+    `period` steps, not for the rest of the run. A resumed run starts with a fresh trigger (its first step above
+    the threshold is plotted).
+    """
+
+    def __init__(self, threshold: float, period: int) -> None:
+        if period < 1:
+            raise ValueError(f"mismatch plot period must be >= 1, got {period}")
+        self.threshold = threshold
+        self.period = period
+        self.last_plot_step: int | None = None
+        self.recent_errors: deque[float] = deque(maxlen=period - 1)
+        """The errors of the previous period - 1 steps (a step without the metric, or a NaN, counts as -inf)."""
+
+    def should_plot(self, step: int, token_mult_prob_error: float | None) -> bool:
+        """Decide for `step` (called once per step, in order) and remember its error."""
+        error = (
+            -math.inf if token_mult_prob_error is None or math.isnan(token_mult_prob_error) else token_mult_prob_error
+        )
+        rested = self.last_plot_step is None or step - self.last_plot_step >= self.period
+        plot = error > self.threshold and rested and all(error > earlier for earlier in self.recent_errors)
+        if plot:
+            self.last_plot_step = step
+        self.recent_errors.append(error)
+        return plot

@@ -1,21 +1,27 @@
 """A run's inputs, resolved once from its config: every command that loads a model starts here.
 
     RunConfig --resolve_setup--> RunSetup: device, model directories (tiny: and demo: names built into the
-                                 cache), tokenizer, the ids that end and pad a generation, engine settings,
-                                 rollout kind (gym or single-turn); with data=True also the checked rows and
-                                 reward function (trainer/preflight.py)
+                                 cache, Hub ids found in or fetched into the Hugging Face cache), tokenizer,
+                                 the ids that end and pad a generation, engine settings, rollout kind (gym
+                                 or single-turn); with data=True (or the pre-flight's result passed in) also
+                                 the checked rows and reward function (trainer/preflight.py)
 
-Callers: `asyncppo train` (trainer/build.py `start_run`), `critic collect` and `critic pretrain`
-(trainer/critic_*.py), `gym serve` and `bench generate` (cli/), `bench train` (trainer/train_bench.py). Each
-takes the RunSetup and does only its own work with it.
+Callers: `asyncppo train` and `asyncppo.train` (api.py, then trainer/build.py `start_run`), `critic collect`
+and `critic pretrain` (trainer/critic_*.py), `gym serve` and `bench generate` (cli/), `bench train`
+(trainer/train_bench.py). Each takes the RunSetup and does only its own work with it.
 """
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
+
+# huggingface_hub types snapshot_download's user_agent as a bare dict, which strict mode reports as partly unknown.
+from huggingface_hub import constants, snapshot_download  # pyright: ignore[reportUnknownVariableType]
+from huggingface_hub.errors import LocalEntryNotFoundError
 from transformers import PreTrainedTokenizerBase
 
 from asyncppo.config import ConfigError, RunConfig
@@ -38,8 +44,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ASYNCPPO_CACHE_DIR", Path.home() / ".cache" / "asyncppo"))
 
 
-def resolve_model_path(model_name: str, key: str = "model.model_name") -> Path:
-    """A local model directory: `tiny:<preset>` and `demo:<name>` are built (once) into the cache."""
+def resolve_model_path(model_name: str, key: str = "model.model_name", revision: str | None = None) -> Path:
+    """A local model directory: `tiny:<preset>` and `demo:<name>` are built (once) into the cache; a Hub id
+    (`org/name`, when no such local path exists) is the snapshot directory of `revision` in the Hugging Face
+    cache (`hub_snapshot`)."""
     if model_name.startswith(TINY_PREFIX):
         preset = model_name.removeprefix(TINY_PREFIX)
         if preset not in PRESETS:
@@ -51,9 +59,57 @@ def resolve_model_path(model_name: str, key: str = "model.model_name") -> Path:
             raise ConfigError([f"{key}: unknown demo model {name!r}; expected one of {sorted(DEMO_MODELS)}"])
         return DEMO_MODELS[name](cache_dir() / "models")
     path = Path(model_name).expanduser()
+    if not path.exists() and HUB_ID.fullmatch(model_name):
+        snapshot = hub_snapshot(model_name, revision, key)
+        if not (snapshot / "config.json").is_file():
+            raise ConfigError([f"{key}: Hub model {model_name!r} has no config.json in its snapshot {snapshot}"])
+        return snapshot
     if not (path / "config.json").is_file():
         raise ConfigError([f"{key}: {model_name!r} is not a local Hugging Face model directory (no config.json)"])
     return path
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""`org/name`: a model name of this shape that is not an existing local path is looked up on the Hub."""
+HUB_MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+"""What a run loads from a Hub model: configs, safetensors weights, tokenizer files, chat template. Repositories
+often also hold the weights in other formats (.bin, .gguf, original checkpoints), which would only cost time."""
+
+
+def hub_snapshot(repo_id: str, revision: str | None, key: str) -> Path:
+    """The cached snapshot directory of Hub model `repo_id` at `revision` (null = main), downloaded into the
+    Hugging Face cache first when it is not there and HF_HUB_OFFLINE is unset. ConfigError naming `key`, the id,
+    the revision and the cache directory when it is neither cached nor fetchable."""
+    shown = f"Hub model {repo_id!r} at revision {revision or constants.DEFAULT_REVISION!r}"
+    try:
+        return Path(
+            snapshot_download(repo_id, revision=revision, allow_patterns=HUB_MODEL_FILES, local_files_only=True)
+        )
+    except LocalEntryNotFoundError:
+        pass  # not cached: fetched below unless offline
+    except ValueError as error:  # huggingface_hub's check of the id's characters
+        raise ConfigError([f"{key}: {repo_id!r} is not a valid Hub id ({one_line(error)})"]) from None
+    missing = f"{key}: {shown} is not in the Hugging Face cache {constants.HF_HUB_CACHE}"
+    # Read at call time from huggingface_hub, which reads HF_HUB_OFFLINE once, when it is imported.
+    if constants.is_offline_mode():
+        raise ConfigError(
+            [
+                f"{missing} and HF_HUB_OFFLINE=1 forbids downloading it; download it once without HF_HUB_OFFLINE "
+                "(e.g. `hf download <id>`), or point HF_HOME / HF_HUB_CACHE at a cache that holds it"
+            ]
+        )
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_MODEL_FILES))
+    except (OSError, ValueError) as error:  # huggingface_hub's HTTP and connection errors are OSErrors
+        raise ConfigError(
+            [f"{missing} and cannot be downloaded ({one_line(error)}); check the id, the revision and the network"]
+        ) from None
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as `Type: first line of its message` (Hub errors add lines of hints and request ids)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def resolve_device(config: RunConfig) -> str:
@@ -77,14 +133,22 @@ class ModelPaths:
     @classmethod
     def resolve(cls, config: RunConfig) -> "ModelPaths":
         """model.model_name, model.tokenizer (null = the policy's directory) and value.model_name (null = the
-        policy's model; None without a critic). A name that is neither a built name nor a local directory is a
-        ConfigError naming its key, before anything loads."""
-        policy = resolve_model_path(config.model.model_name)
-        tokenizer = resolve_model_path(config.model.tokenizer, "model.tokenizer") if config.model.tokenizer else policy
+        policy's model; None without a critic); Hub ids at model.revision (the policy's and tokenizer's) and
+        value.revision. A name that is neither a built name, a local directory nor a cached or fetchable Hub
+        model is a ConfigError naming its key, before anything loads."""
+        model = config.model
+        policy = resolve_model_path(model.model_name, "model.model_name", model.revision)
+        tokenizer = (
+            resolve_model_path(model.tokenizer, "model.tokenizer", model.revision) if model.tokenizer else policy
+        )
         value = None
         if config.value is not None:
             value_name = config.value.model_name
-            value = policy if value_name is None else resolve_model_path(value_name, "value.model_name")
+            value = (
+                policy
+                if value_name is None
+                else resolve_model_path(value_name, "value.model_name", config.value.revision)
+            )
         return cls(policy=policy, tokenizer=tokenizer, value=value)
 
 
@@ -178,14 +242,18 @@ def check_builtin_resources(resources: list[str]) -> None:
         raise ConfigError([f"env.gym.resources: unknown built-in environment {unknown[0]!r}; expected one of {known}"])
 
 
-def resolve_setup(config: RunConfig, config_dir: Path | None = None, *, data: bool = False) -> RunSetup:
+def resolve_setup(
+    config: RunConfig, config_dir: Path | None = None, *, data: bool = False, inputs: CheckedInputs | None = None
+) -> RunSetup:
     """Resolve a run's inputs; every mistake found is a ConfigError naming its key.
 
     The cheap checks come first, so a mistake costs nothing: with `data` the pre-flight (sinks, reward function,
     data files; `config_dir` is searched for the reward module), then the rollout kind and the device; the model
-    directories last (a `tiny:` or `demo:` name is built into the cache on first use).
+    directories last (a `tiny:` or `demo:` name is built into the cache on first use). `inputs` is the pre-flight's
+    result when the caller ran it already (`asyncppo train` does, before torch is imported): it is not run again.
     """
-    inputs = preflight(config, config_dir) if data else None
+    if inputs is None and data:
+        inputs = preflight(config, config_dir)
     rollout_kind = check_rollout_kind(config)
     device = resolve_device(config)
     paths = ModelPaths.resolve(config)

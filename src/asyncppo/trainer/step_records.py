@@ -1,7 +1,9 @@
 """Records of a trained step, written on schedule into the run directory for offline analysis.
 
     plots/mismatch_step_N.png        the worst sequence's logprob curves, when the step's token_mult_prob_error
-                                     passes logger.mismatch_plot_threshold (also logged as an image)
+                                     passes logger.mismatch_plot_threshold, at most once per
+                                     logger.mismatch_plot_period steps (schedule.MismatchPlotTrigger; also
+                                     logged as an image)
     rollout_dumps/step_N.pt          per-token values, advantages and logprobs (ppo.log_rollout_dump)
     train_data_stepN.jsonl           every trained sample's texts, token counts, reward, mean advantage
 
@@ -9,7 +11,7 @@ Built by `trainer/build.py`; the driver loop calls `StepRecords.write` after eac
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
@@ -19,7 +21,7 @@ from asyncppo.metrics import MetricsLogger
 from asyncppo.metrics.train_data import train_data_path, train_data_records, write_train_data
 from asyncppo.models.tokenizer import decode_ids
 from asyncppo.trainer.ppo_step import StepOutput
-from asyncppo.trainer.schedule import Schedule
+from asyncppo.trainer.schedule import MismatchPlotTrigger, Schedule
 from asyncppo.types import Trajectory
 
 MISMATCH_KEY = "mismatch/token_mult_prob_error"
@@ -38,6 +40,11 @@ class StepRecords:
     num_generations_per_prompt: int
     turn_level_credit: bool
     """ppo.adv_estimator is turn_gae: dumps carry turn-level credit and its anchor tokens."""
+    mismatch_plots: MismatchPlotTrigger = field(init=False)
+    """The schedule's plot trigger; it remembers the steps it has seen (the one mutable part)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mismatch_plots", self.schedule.mismatch_plots())  # frozen: set once, here
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of `token_ids`, special tokens kept (records show exactly what was trained on)."""
@@ -47,7 +54,7 @@ class StepRecords:
         self, completed: int, output: StepOutput, trajectories: Sequence[Trajectory], metrics: dict[str, float]
     ) -> None:
         """Whatever the schedule asks for after `completed` steps; `metrics` are the step's so far."""
-        if self.schedule.plot_mismatch(metrics.get(MISMATCH_KEY)):
+        if self.mismatch_plots.should_plot(completed, metrics.get(MISMATCH_KEY)):
             self._plot_mismatch(output, completed)
         if self.schedule.dump_rollouts_after(completed):
             self._dump_rollouts(output, completed, metrics)

@@ -1,8 +1,11 @@
-"""A training run that stops cleanly on SIGTERM and SIGINT (Ctrl-C), for the `asyncppo train` command.
+"""A training run that stops cleanly on SIGTERM and SIGINT (Ctrl-C), for `asyncppo train` and `asyncppo.train`.
 
 1st signal --> the loop finishes the step in progress, checkpoints it, returns --> close, Ray down, exit 128+N
 2nd signal --> the step in progress (or the checkpoint write) is abandoned     --> close, Ray down, exit 128+N
 3rd signal --> the process ends at once
+
+Ray goes down at the end only when the run started it: a cluster the caller had joined (a notebook's, a test
+session's) stays up for its next run.
 """
 
 import contextlib
@@ -12,6 +15,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+
+import ray
 
 from asyncppo.trainer.build import start_run
 from asyncppo.trainer.loop import train
@@ -70,6 +75,7 @@ class RunOutcome:
 
 def train_until_done_or_stopped(setup: RunSetup, run_dir: Path) -> RunOutcome:
     """Start, train and close the run, with SIGTERM / SIGINT handled as the module docstring says."""
+    ray_was_up = ray.is_initialized()
     stop = SignalStop()
     run: Run | None = None
     completed: int | None = None
@@ -82,11 +88,13 @@ def train_until_done_or_stopped(setup: RunSetup, run_dir: Path) -> RunOutcome:
                 finally:
                     run.close()
             finally:
-                shutdown_ray()
+                if not ray_was_up:
+                    shutdown_ray()
         except KeyboardInterrupt:  # only our handler raises it (the second signal): anything else propagates
             if len(stop.received) < 2:
                 raise
-            shutdown_ray()  # a no-op unless the second signal cut the first shutdown short
+            if not ray_was_up:
+                shutdown_ray()  # a no-op unless the second signal cut the first shutdown short
     if not stop.requested():
         return RunOutcome(0, None)
     return RunOutcome(stop.exit_status, _stopped_line(stop, run, completed))

@@ -22,6 +22,7 @@ from asyncppo.distributed.process_group import SyncGroupSpec, open_sync_group
 from asyncppo.distributed.weight_sync import ParamSpec, PushReport, WeightSender, param_specs, weights_checksum
 from asyncppo.generation.engines import EngineSettings
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
+from asyncppo.models.compiled_layers import compile_decoder_layers
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import sum_tensor_over_ranks
@@ -85,6 +86,8 @@ class PolicyWorker(TrainedWorker):
         super().__init__(policy, forward, read_weights, model_path=model_path, device=device, settings=settings)
         self._reference = None
         if reference is not None:
+            if settings.compiles_on(device):  # copied before the policy's layers were compiled
+                compile_decoder_layers(reference)
             self._reference = ScoringModel(
                 reference,
                 forward,

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import PreTrainedModel
 
 from asyncppo.config.models import OptimizerConfig, SchedulerConfig
+from asyncppo.models.compiled_layers import compile_decoder_layers
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import broadcast_from_rank0, sum_over_ranks
@@ -56,10 +57,18 @@ class TrainedModelSettings:
     logprob_batch_size: int | None
     """Rows per no-grad scoring forward; None = train_micro_batch_size."""
     activation_checkpointing: bool
+    compile: bool | Literal["auto"] = False
+    """Compile the decoder layers for the training and scoring forwards (`models/compiled_layers.py`; `auto` = on
+    CUDA devices). The one field with a default here: settings built by hand (tests, scripts) stay eager, and a run
+    takes the config schema's value (`auto`)."""
 
     def packs_on(self, device: torch.device) -> bool:
         """Whether forwards on `device` pack their rows (sequence_packing resolved)."""
         return self.sequence_packing is True or (self.sequence_packing == "auto" and device.type == "cuda")
+
+    def compiles_on(self, device: torch.device) -> bool:
+        """Whether the decoder layers are compiled on `device` (compile resolved)."""
+        return self.compile is True or (self.compile == "auto" and device.type == "cuda")
 
     def plan_on(self, device: torch.device) -> BatchPlan:
         return BatchPlan(
@@ -104,6 +113,8 @@ class TrainedWorker:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if settings.compiles_on(device):
+            compile_decoder_layers(model)
         self.scoring = ScoringModel(
             model,
             forward,

@@ -1,5 +1,6 @@
-"""Porting NeMo-RL PPO configs: `${...}` interpolation, the key mapping table and the port itself."""
+"""Porting NeMo-RL PPO and GRPO configs: loading (`defaults:`, `${...}`), the key mapping rules and the port itself."""
 
+from asyncppo.config.nemo_rl.loader import load_nemo_rl_tree
 from asyncppo.config.nemo_rl.port import (
     PortResult,
     PortRow,
@@ -7,7 +8,6 @@ from asyncppo.config.nemo_rl.port import (
     dump_tree,
     format_table,
     is_nemo_rl_tree,
-    load_nemo_rl_tree,
     port_file,
     port_tree,
 )

@@ -2,25 +2,40 @@
 
 A string that is one interpolation (`${policy.model_name}`) takes the referenced value with its type (an int
 stays an int, a section stays a section); interpolations inside a longer string are replaced by the value's
-text (`logs/${policy.model_name}/run`). References are absolute dotted paths from the root, list items by index
-(`a.b.0`), and may chain. `\\${` is a literal `${`. NeMo-RL's own resolvers `${mul:a, b}` and `${max:a, b}`
-(numbers or references) are evaluated. A missing target, a reference cycle and any other resolver are
-ConfigErrors naming the key.
+text (`logs/${policy.model_name}/run`). References are dotted paths from the root, list items by index
+(`a.b.0`), and may chain. A reference that starts with dots is relative to the section holding the key: one dot
+is that section (`${.temperature}` beside `val_temperature`), each further dot one section up (`${..model_name}`
+in `policy.tokenizer.name` is `policy.model_name`). `\\${` is a literal `${`. NeMo-RL's resolvers are evaluated:
+`${mul:a, b}`, `${max:a, b}`, `${add:a, b}`, `${div:a, b}` (numbers or references) and OmegaConf's
+`${oc.env:NAME}` / `${oc.env:NAME, default}` (an environment variable, as text). A missing target, a reference
+cycle, an unset variable and any other resolver are ConfigErrors naming the key.
 """
 
-import math
+import os
 import re
 from collections.abc import Callable
 from typing import Any, cast
-
-import yaml
 
 from asyncppo.config.loading import MAX_VALUES, ConfigError
 
 _REFERENCE = re.compile(r"(?<!\\)\$\{([^{}]*)\}")
 _ESCAPED = "\\${"
-# The resolvers NeMo-RL registers with OmegaConf for its configs (products and maxima of sizes).
-RESOLVERS: dict[str, Callable[[list[float]], float]] = {"mul": math.prod, "max": max}
+ENV_RESOLVER = "oc.env"
+
+
+def _divide(a: float, b: float) -> float:
+    if b == 0:
+        raise ZeroDivisionError
+    return a / b
+
+
+# The resolvers NeMo-RL registers with OmegaConf for its configs, each of two numbers.
+RESOLVERS: dict[str, Callable[[float, float], float]] = {
+    "mul": lambda a, b: a * b,
+    "max": max,
+    "add": lambda a, b: a + b,
+    "div": _divide,
+}
 
 
 def resolve_interpolations(tree: dict[str, Any]) -> dict[str, Any]:
@@ -30,6 +45,20 @@ def resolve_interpolations(tree: dict[str, Any]) -> dict[str, Any]:
         return cast(dict[str, Any], resolver.resolve_node(tree, "", ()))
     except RecursionError:
         raise ConfigError(["interpolation: references chain too deeply (past Python's recursion limit)"]) from None
+
+
+def absolute_target(target: str, key: str) -> str:
+    """The dotted path a reference names: `target` itself, or for `.x` / `..x` the path relative to the section
+    holding `key` (one dot: that section; each further dot: one section up). ConfigError past the root."""
+    if not target.startswith("."):
+        return target
+    rest = target.lstrip(".")
+    dots = len(target) - len(rest)
+    section = key.split(".")[:-1]
+    if dots - 1 > len(section) or not rest:
+        raise ConfigError([f"{key}: ${{{target}}} climbs above the config's root; expected e.g. ${{.temperature}}"])
+    base = section[: len(section) - (dots - 1)]
+    return ".".join([*base, rest])
 
 
 class _Resolver:
@@ -71,14 +100,13 @@ class _Resolver:
             return self._resolve_string(replaced, key, stack)
         return replaced.replace(_ESCAPED, "${")
 
-    def _lookup(self, target: str, key: str, stack: tuple[str, ...]) -> Any:
-        target = target.strip()
-        if ":" in target:
-            return _apply_resolver(target, key)
-        if not target or target.startswith("."):
-            raise ConfigError(
-                [f"{key}: ${{{target}}} is not an absolute dotted key; expected e.g. ${{policy.model_name}}"]
-            )
+    def _lookup(self, reference: str, key: str, stack: tuple[str, ...]) -> Any:
+        reference = reference.strip()
+        if ":" in reference:
+            return _apply_resolver(reference, key)
+        if not reference:
+            raise ConfigError([f"{key}: ${{}} names no key; expected e.g. ${{policy.model_name}}"])
+        target = absolute_target(reference, key)
         # A target that is a key being resolved, or a section holding one, would be resolved forever.
         if any(held == target or held.startswith(f"{target}.") for held in (*stack, key)):
             chain = " -> ".join((*stack, key, target))
@@ -90,33 +118,50 @@ class _Resolver:
             elif isinstance(node, list) and part.isdigit() and int(part) < len(cast(list[Any], node)):
                 node = cast(list[Any], node)[int(part)]
             else:
-                raise ConfigError([f"{key}: ${{{target}}} names a key the config does not have"])
+                relative = "" if reference == target else f" (= {target})"
+                raise ConfigError([f"{key}: ${{{reference}}}{relative} names a key the config does not have"])
         return self.resolve_node(node, target, (*stack, key))
 
 
 def _apply_resolver(call: str, key: str) -> Any:
-    """`mul:2, 4` -> 8: a known resolver applied to its numeric arguments (inner references already resolved)."""
+    """`mul:2, 4` -> 8: a known resolver applied to its arguments (inner references already resolved)."""
     name, _, arguments = call.partition(":")
-    resolver = RESOLVERS.get(name.strip())
+    name = name.strip()
+    if name == ENV_RESOLVER:
+        return _environment_variable(arguments, call, key)
+    resolver = RESOLVERS.get(name)
     if resolver is None:
-        raise ConfigError(
-            [
-                f"{key}: ${{{call}}} uses the resolver {name.strip()!r}; the port knows {sorted(RESOLVERS)}: "
-                "write the value"
-            ]
-        )
+        known = sorted([*RESOLVERS, ENV_RESOLVER])
+        raise ConfigError([f"{key}: ${{{call}}} uses the resolver {name!r}; the port knows {known}: write the value"])
     values = [_number(part, call, key) for part in arguments.split(",")]
-    return resolver(values)
+    if len(values) != 2:
+        raise ConfigError([f"{key}: ${{{call}}}: {name} takes 2 arguments, got {len(values)}"])
+    try:
+        return resolver(values[0], values[1])
+    except ZeroDivisionError:
+        raise ConfigError([f"{key}: ${{{call}}} divides by zero"]) from None
+
+
+def _environment_variable(arguments: str, call: str, key: str) -> str | None:
+    """`oc.env:NAME` -> the variable's text; `oc.env:NAME, default` falls back to the default (null stays null)."""
+    name, comma, default = (part.strip() for part in arguments.partition(","))
+    value = os.environ.get(name)
+    if value is not None:
+        return value
+    if comma:
+        return None if default in ("null", "None", "~") else default.strip("'\"")
+    raise ConfigError([f"{key}: ${{{call}}}: the environment variable {name!r} is not set; set it or write the value"])
 
 
 def _number(text: str, call: str, key: str) -> float:
-    try:
-        value: Any = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        value = None  # not a YAML scalar, so not a number: reported below
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError([f"{key}: ${{{call}}}: {text.strip()!r} is not a number"])
-    return value
+    # Text, not YAML: an embedded reference to 1e-08 arrives as "1e-08", which YAML 1.1 reads as a string.
+    stripped = text.strip()
+    for parse in (int, float):
+        try:
+            return parse(stripped)
+        except ValueError:
+            continue
+    raise ConfigError([f"{key}: ${{{call}}}: {stripped!r} is not a number"])
 
 
 def _join(parent: str, child: str) -> str:

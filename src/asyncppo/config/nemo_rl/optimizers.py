@@ -18,6 +18,10 @@ _LINEAR_DEFAULTS = {"start_factor": 1 / 3, "end_factor": 1.0, "total_iters": 5}
 _CONSTANT_DEFAULTS = {"factor": 1 / 3, "total_iters": 5}
 
 
+CONSTANT_SCHEDULE = {"name": "constant", "warmup_steps": 0}
+"""asyncppo's default schedule, as a converted schedule section."""
+
+
 class SchedulerRefused(ValueError):
     """A schedule asyncppo's scheduler cannot express; the message says what was found."""
 
@@ -47,6 +51,8 @@ def scheduler_outcome(key: str, value: Any, source: Source, target_section: str)
         return Outcome("refused", str(error))
     except (TypeError, ValueError) as error:  # int("x"), "x" < 1.0: a kwarg that is not a number
         return Outcome("refused", f"{value!r}: scheduler kwargs must be numbers ({error})")
+    if schedule == CONSTANT_SCHEDULE:
+        return Outcome("neutral", f"a constant learning rate: asyncppo's default {target_section}.scheduler")
     return mapped(f"{target_section}.scheduler", schedule, note)
 
 
@@ -58,7 +64,8 @@ def convert_torch_schedule(entries: Any, lr: Any) -> tuple[dict[str, Any], str]:
     as_dicts = [cast(dict[str, Any], entry) for entry in listed]
     schedulers = [entry for entry in as_dicts if "name" in entry]
     milestones: list[Any] = [entry["milestones"] for entry in as_dicts if "milestones" in entry]
-    if len(schedulers) == 1 and not milestones:
+    # `milestones: []` beside a single scheduler joins nothing: NeMo-RL's stock constant schedule writes it.
+    if len(schedulers) == 1 and milestones in ([], [[]]):
         return _single(schedulers[0], lr, warmup=0)
     if len(schedulers) == 2 and len(milestones) == 1 and isinstance(milestones[0], list):
         boundaries = cast(list[Any], milestones[0])

@@ -1,4 +1,4 @@
-"""Porting a NeMo-RL PPO config to an asyncppo config, with a table row for every key of the input.
+"""Porting a NeMo-RL PPO or GRPO config to an asyncppo config, with a table row for every key of the input.
 
     NeMo-RL YAML --defaults merged, ${...} resolved--> source tree --one rule per leaf key (table.py)--> rows
                                                                                    |
@@ -16,7 +16,8 @@ from typing import Any, TextIO, cast
 import yaml
 
 from asyncppo.config.loading import ConfigError, apply_overrides, load_config, load_yaml_tree, validate_tree
-from asyncppo.config.nemo_rl.interpolation import resolve_interpolations
+from asyncppo.config.nemo_rl.algorithm_rules import FILLED_NOTE, with_algorithm_defaults
+from asyncppo.config.nemo_rl.loader import load_nemo_rl_tree
 from asyncppo.config.nemo_rl.rules import Action, Source
 from asyncppo.config.nemo_rl.table import outcome_for
 from asyncppo.config.schema import RunConfig
@@ -53,20 +54,19 @@ def is_nemo_rl_tree(tree: dict[str, Any]) -> bool:
     return isinstance(tree.get("policy"), dict) and "model" not in tree
 
 
-def load_nemo_rl_tree(path: str | Path) -> dict[str, Any]:
-    """Read a NeMo-RL config: `defaults:` merged (relative to the file, child wins), then `${...}` resolved."""
-    return resolve_interpolations(load_yaml_tree(path))
-
-
 def port_tree(source: dict[str, Any]) -> PortResult:
-    """Map a resolved NeMo-RL tree; refused keys are rows, not exceptions (the caller decides)."""
-    reader = Source(source)
+    """Map a resolved NeMo-RL tree; refused keys are rows, not exceptions (the caller decides). Algorithm keys
+    the tree leaves out get NeMo-RL's default first, each with a row that says so."""
+    completed, filled = with_algorithm_defaults(source)
+    reader = Source(completed)
     rows: list[PortRow] = []
     tree: dict[str, Any] = {}
-    for key, value in _leaves(source, ""):
+    for key, value in _leaves(completed, ""):
         outcome = outcome_for(key, value, reader)
         # A value copied to the key of the same name says so, which keeps the table narrow and the renames visible.
         detail = "same key" if outcome.assignments == {key: value} and outcome.detail == key else outcome.detail
+        if key in filled:
+            detail = f"{detail} [{FILLED_NOTE} {value!r}]"
         rows.append(PortRow(key, outcome.action, detail))
         for target, assigned in outcome.assignments.items():
             _assign(tree, target, assigned)
@@ -136,10 +136,9 @@ def load_run_config(
     """What `asyncppo train` loads: an asyncppo config as `load_config` does, or a NeMo-RL one (a top-level
     `policy:` and no `model:`) ported in memory, its table printed to `table` (stdout by default), then the
     overrides (asyncppo keys) applied and the result validated. Refused keys are a ConfigError."""
-    tree = load_yaml_tree(path)
-    if not is_nemo_rl_tree(tree):
+    if not is_nemo_rl_tree(load_yaml_tree(path)):
         return load_config(path, overrides)
-    result = port_tree(resolve_interpolations(tree))
+    result = port_tree(load_nemo_rl_tree(path))
     print(f"{path}: a NeMo-RL config, ported:", file=table or sys.stdout)
     print(format_table(result.rows), file=table or sys.stdout, flush=True)
     return validate_tree(apply_overrides(checked_tree(result), list(overrides)))
