@@ -11,6 +11,11 @@ import torch
 
 from asyncppo.models.tiny import ensure_tiny
 
+# A run that ends well keeps its worker processes for the next run of the same test process (workers/host_pool.py):
+# each new process spends ~7 s importing before any work, and most of the suite's runs ask for the same devices.
+# Child processes (a CLI run in a subprocess) inherit it; they start their own Ray and keep nothing.
+os.environ.setdefault("ASYNCPPO_KEEP_WORKER_PROCESSES", "1")
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests first in every pytest-xdist worker's share (a stable order within each kind).
@@ -45,7 +50,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An ASYNCPPO_CACHE_DIR for the whole test session, shared by its pytest-xdist workers.
 
-    The demo policies take a minute or two of warm-up to build; with one cache the suite builds each once (the
+    The tiny model (and any demo policy whose recipe has no shipped build) is built into it once per suite (the
     build's lock file makes a second worker wait for the first one's result instead of building it again).
     """
     root = tmp_path_factory.getbasetemp()

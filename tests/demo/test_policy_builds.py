@@ -1,6 +1,7 @@
-"""The two warmed-up demo policies (demo:arithmetic, demo:multi_step) as cached builds: the fingerprint names the
-recipe and the build version, a build happens once and is then reused, the session's build is competent but
-imperfect (the accuracy band PPO starts from), and the shipped data files are what their scripts write."""
+"""The two warmed-up demo policies (demo:arithmetic, demo:multi_step): the fingerprint names the recipe and the build
+version, a build happens once and is then reused, the package ships the build of each current recipe (and nothing
+stale), that build is competent but imperfect (the accuracy band PPO starts from), and the shipped data files are
+what their scripts write."""
 
 import dataclasses
 import json
@@ -17,6 +18,7 @@ import torch
 
 from asyncppo.data.rows import load_rows
 from asyncppo.demo import arithmetic_policy, tool_policy
+from asyncppo.demo.shipped import SHIPPED_POLICIES
 from asyncppo.models.policy import load_policy
 from asyncppo.models.tokenizer import load_tokenizer
 
@@ -33,6 +35,8 @@ class Demo:
     ensure: Callable[..., Path]
     fingerprint: Callable[[Any], str]
     quick_recipe: Any
+    recipe_name: str
+    """The module attribute holding the recipe that runs use (and the package ships built)."""
     data: str
     """examples/data/<data>: the shipped train and validation files."""
     data_script: str
@@ -57,6 +61,7 @@ DEMOS = [
         quick_recipe=dataclasses.replace(
             arithmetic_policy.ARITHMETIC_RECIPE, num_steps=3, batch_size=4, warmup_steps=1
         ),
+        recipe_name="ARITHMETIC_RECIPE",
         data="arithmetic",
         data_script="make_arithmetic_data.py",
         validation_rows=load_rows,
@@ -76,6 +81,7 @@ DEMOS = [
         ensure=tool_policy.ensure_tool_policy,
         fingerprint=tool_policy.tool_policy_fingerprint,
         quick_recipe=dataclasses.replace(tool_policy.TOOL_TASK_RECIPE, num_steps=3, batch_size=2, warmup_steps=1),
+        recipe_name="TOOL_TASK_RECIPE",
         data="multi_step",
         data_script="make_tool_task_data.py",
         validation_rows=lambda path: [json.loads(line) for line in path.open()],  # gym bodies, not prompt rows
@@ -124,12 +130,22 @@ def test_the_policy_is_built_once_then_reused(demo: Demo, tmp_path: Path, monkey
         demo.ensure(tmp_path, dataclasses.replace(demo.quick_recipe, seed=1))
 
 
+@EACH_DEMO
+def test_the_package_ships_the_build_of_the_current_recipe_and_no_stale_one(demo: Demo, tmp_path: Path):
+    recipe = demo.module.__dict__[demo.recipe_name]
+    shipped = SHIPPED_POLICIES / f"{demo.name}-{demo.fingerprint(recipe)}"
+    # A changed recipe or BUILD_VERSION fails here until `python scripts/build_demo_policies.py` ships its build.
+    assert sorted(SHIPPED_POLICIES.glob(f"{demo.name}-*")) == [shipped], "run scripts/build_demo_policies.py"
+    report = json.loads((shipped / "warmup.json").read_text())
+    assert report["recipe"] == dataclasses.asdict(recipe)
+    assert report["build_version"] == demo.module.BUILD_VERSION
+    assert demo.ensure(tmp_path) == shipped and not any(tmp_path.iterdir())  # nothing built for the default recipe
+
+
 @pytest.mark.slow
 @EACH_DEMO
-def test_the_demo_policy_is_competent_but_imperfect(demo: Demo, shared_cache_dir: Path):
-    # The session's shared cache: the integration runs of the demo use this same build (about 1 and 2 minutes of
-    # warm-up on 2 shared cores; the build's lock makes a second test worker wait for it instead of building again).
-    directory = demo.ensure(shared_cache_dir / "models")
+def test_the_shipped_demo_policy_is_competent_but_imperfect(demo: Demo, tmp_path: Path):
+    directory = demo.ensure(tmp_path)  # the shipped build, which every demo run and integration test starts from
     policy, tokenizer = load_policy(directory), load_tokenizer(directory)
     rows = demo.validation_rows(REPO / "examples" / "data" / demo.data / "validation.jsonl")
     sampled = demo.score(policy, tokenizer, rows, do_sample=True, seed=0)

@@ -31,10 +31,12 @@ def cache_in_environment(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 def _train_in_process(tree: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     run = build_run(validate_tree(tree), run_dir)
+    trained = False
     try:
         train(run)
+        trained = True
     finally:
-        run.close()
+        run.close(keep_workers=trained)  # kept for the next run of this test process (tests/conftest.py)
     return read_metrics_jsonl(run_dir / "metrics.jsonl")
 
 

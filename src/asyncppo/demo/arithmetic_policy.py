@@ -26,8 +26,8 @@ from asyncppo.demo.arithmetic_task import (
     make_arithmetic_splits,
     make_demonstrations,
 )
+from asyncppo.demo.shipped import shipped_or_built
 from asyncppo.demo.supervised_warmup import Batch, eos_and_pad, supervised_warm_up
-from asyncppo.models.build_cache import build_once
 from asyncppo.models.tiny import TINY, TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 
 # Bump when the warm-up procedure changes in a way the recipe does not capture, so caches rebuild.
@@ -184,7 +184,8 @@ def answer_accuracy(
 
 
 def ensure_arithmetic_policy(cache_dir: str | Path, recipe: WarmupRecipe = ARITHMETIC_RECIPE) -> Path:
-    """Directory of the warmed-up demo policy (model + tokenizer) under `cache_dir`, built on first use.
+    """Directory of the warmed-up demo policy (model + tokenizer): the package's shipped build of `recipe`
+    (`shipped.py`), or for a recipe without one, its build under `cache_dir`, made on first use.
 
     Named `arithmetic-<fingerprint>`, so a changed recipe gets a fresh directory; `build_once` makes sure a
     crash never leaves a half-written model. `warmup.json` in it records the recipe, the build time and the
@@ -192,7 +193,7 @@ def ensure_arithmetic_policy(cache_dir: str | Path, recipe: WarmupRecipe = ARITH
     """
     final = Path(cache_dir) / f"arithmetic-{arithmetic_fingerprint(recipe)}"
     announce = "the demo policy demo:arithmetic (supervised warm-up on addition)"
-    return build_once(final, lambda staging: _build_arithmetic_policy(staging, recipe), announce)
+    return shipped_or_built(final, lambda staging: _build_arithmetic_policy(staging, recipe), announce)
 
 
 def _build_arithmetic_policy(directory: Path, recipe: WarmupRecipe) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncppo.demo.shipped import shipped_or_built
 from asyncppo.demo.supervised_warmup import Batch, eos_and_pad, one_thread, supervised_warm_up
 from asyncppo.demo.tool_task import (
     DEFAULT_MAX_ADDEND,
@@ -33,7 +34,6 @@ from asyncppo.demo.tool_task import (
     parse_generation,
     reward,
 )
-from asyncppo.models.build_cache import build_once
 from asyncppo.models.chat_template import IM_END, IM_START
 from asyncppo.models.tiny import TINY, TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 
@@ -289,14 +289,15 @@ def _generate(
 
 
 def ensure_tool_policy(cache_dir: str | Path, recipe: ToolWarmupRecipe = TOOL_TASK_RECIPE) -> Path:
-    """Directory of the warmed-up multi-step tool policy (model + tokenizer) under `cache_dir`, built on first use.
+    """Directory of the warmed-up multi-step tool policy (model + tokenizer): the package's shipped build of
+    `recipe` (`shipped.py`), or for a recipe without one, its build under `cache_dir`, made on first use.
 
     Named `multi_step-<fingerprint>`; `build_once` makes sure a crash never leaves a half-written model.
     `warmup.json` in it records the recipe, the build time, the final loss and the validation scores.
     """
     final = Path(cache_dir) / f"multi_step-{tool_policy_fingerprint(recipe)}"
     announce = "the demo policy demo:multi_step (supervised warm-up on tool calls)"
-    return build_once(final, lambda staging: _build_tool_policy(staging, recipe), announce)
+    return shipped_or_built(final, lambda staging: _build_tool_policy(staging, recipe), announce)
 
 
 def _build_tool_policy(directory: Path, recipe: ToolWarmupRecipe) -> None:

@@ -78,6 +78,10 @@ class WeightSender:
         # Reuse spares a fresh allocation per bucket (page faults on CPU); they are held between pushes.
         self._buffers: list[torch.Tensor] = []
 
+    def close(self) -> None:
+        """Close the sync group (its store and backend); safe to call twice."""
+        self._group.close()
+
     def push(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, compute_checksum: bool = True
     ) -> PushReport:
@@ -144,6 +148,10 @@ class WeightReceiver:
         self._group = group
         self._buckets = plan_buckets(list(specs), bucket_size_bytes)
         self._layout_id = layout_id(self._buckets)
+
+    def close(self) -> None:
+        """Close the sync group; safe to call twice."""
+        self._group.close()
 
     def receive(self, version_expected: int) -> Iterator[tuple[str, torch.Tensor]]:
         """Receive the header now (and check it); the returned iterator receives the buckets as it is consumed.

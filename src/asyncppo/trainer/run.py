@@ -41,15 +41,19 @@ class OwnedResources:
     gym: "GymRollouts | None"
     workers: StartedWorkers
 
-    def close(self) -> None:
-        """Close the batch source, the sinks and the gym servers, then end every worker process (always)."""
+    def close(self, keep_workers: bool = False) -> None:
+        """Close the batch source, the sinks and the gym servers, then end every worker process (always); with
+        `keep_workers` (a run that ended well), keep them for this process's next run when the environment asks
+        for it (ASYNCPPO_KEEP_WORKER_PROCESSES=1, see workers/host_pool.py)."""
+        closed = False
         try:
             self.source.close()
             self.metrics.close()
             if self.gym is not None:
                 self.gym.close()
+            closed = True
         finally:
-            self.workers.stop()
+            self.workers.stop(keep=keep_workers and closed)
 
 
 @dataclass
@@ -89,5 +93,6 @@ class Run:
         """Print the books of every prompt drawn after `step` (ppo.async_ppo.log_every)."""
         print(f"accounting after step {step}: {self.source.accounting().summary()}", flush=True)
 
-    def close(self) -> None:
-        self.owned.close()
+    def close(self, keep_workers: bool = False) -> None:
+        """End what the run started (`OwnedResources.close`)."""
+        self.owned.close(keep_workers)

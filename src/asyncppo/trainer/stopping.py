@@ -86,7 +86,8 @@ def train_until_done_or_stopped(setup: RunSetup, run_dir: Path) -> RunOutcome:
                 try:
                     completed = train(run, stop_requested=stop.requested)
                 finally:
-                    run.close()
+                    # Worker processes outlive the run only where Ray does (a cluster this process had joined).
+                    run.close(keep_workers=ray_was_up and completed is not None)
             finally:
                 if not ray_was_up:
                     shutdown_ray()

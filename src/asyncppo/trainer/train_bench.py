@@ -273,10 +273,12 @@ def run_variants(variants: Sequence[Variant]) -> list[list[dict[str, Any]]]:
     try:
         for variant in variants:
             run = build_run(variant.config, variant.run_dir)
+            trained = False
             try:
                 train(run)
+                trained = True
             finally:
-                run.close()
+                run.close(keep_workers=trained)
     finally:
         if not ray_was_up:
             shutdown_ray()

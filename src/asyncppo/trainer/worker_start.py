@@ -26,7 +26,8 @@ from asyncppo.trainer.setup import RunSetup
 from asyncppo.workers.generator_group import GeneratorGroup
 from asyncppo.workers.generator_worker import GeneratorWorker
 from asyncppo.workers.groups import PolicyGroup, ValueGroup, WeightSync
-from asyncppo.workers.ray_host import Built, DeviceSlot, HostOptions, StartingGroup, WorkerGroup, wait_until_built
+from asyncppo.workers.host_pool import DeviceSlot, HostOptions
+from asyncppo.workers.ray_host import Built, StartingGroup, WorkerGroup, wait_until_built
 from asyncppo.workers.reservations import DeviceResource, PlacementError, Reservation, stop_workers
 
 PLACEMENT_TIMEOUT_S = 120.0
@@ -48,8 +49,9 @@ class StartedWorkers:
     reservations: list[Reservation] = field(default_factory=list[Reservation])
     """The devices the groups sit on, given back after the groups end."""
 
-    def stop(self) -> None:
-        stop_workers(self.groups, self.reservations)
+    def stop(self, keep: bool = False) -> None:
+        """End the groups and give their devices back (`keep`: see `stop_workers`)."""
+        stop_workers(self.groups, self.reservations, keep)
 
 
 def ray_start_options(config: RunConfig, layout: Layout, gpu: bool) -> dict[str, Any]:

@@ -101,9 +101,12 @@ class GeneratorWorker:
         return prefix_reuse_counters(self.generator)
 
     def close(self) -> None:
+        """Stop the HTTP server, the engine and the weight-sync receiver's group."""
         if self._server is not None:
             self._server.stop()
         self.generator.close()
+        if self._receiver is not None:
+            self._receiver.close()
 
 
 def load_generator_worker(

@@ -256,5 +256,8 @@ class PolicyWorker(TrainedWorker):
         return {name: tensor.detach().cpu().clone() for name, tensor in self.named_weights()}
 
     def close(self) -> None:
+        """Stop the colocated engine and close the weight-sync sender's group."""
         if self.colocated is not None:
             self.colocated.close()
+        if self._sender is not None:
+            self._sender.close()

@@ -34,6 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncppo.distributed.default_group import Rendezvous, join_default_group
 from asyncppo.distributed.process_group import is_loopback
+from asyncppo.workers.host_pool import DeviceSlot, HostOptions, keeping_hosts, take_idle_host
 
 LOCAL_HOST = "127.0.0.1"
 # Ray's switch between a machine-local cluster (every daemon and worker on 127.0.0.1) and one other machines may
@@ -156,11 +157,15 @@ class WorkerHost:
     """Hosts one plain worker object built in the actor process by `build`; `call` runs one of its methods."""
 
     def __init__(self, torch_threads: int | None = None):
-        if torch_threads is not None:
-            import torch
+        import random
 
+        import torch
+
+        if torch_threads is not None:
             torch.set_num_threads(torch_threads)
         self._target: Any = None
+        # A fresh process's generator states, put back by `reset`: a kept host then draws what a new one would.
+        self._fresh_random = (torch.get_rng_state(), random.getstate())
 
     def location(self) -> HostLocation:
         return HostLocation(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
@@ -182,32 +187,35 @@ class WorkerHost:
         """Run the worker's method `method` (a name taken from a typed `WorkerGroup` call)."""
         return getattr(self._target, method)(*args, **kwargs)
 
+    def reset(self) -> None:
+        """Back to a fresh host's state, for the next run of a driver that keeps its hosts (`host_pool.py`): the
+        worker closed (engine threads, servers, weight-sync groups) and dropped, the data-parallel group destroyed,
+        the random number generators as the process started."""
+        import gc
+        import random
 
-@dataclass(frozen=True)
-class HostOptions:
-    """Ray resources of one host actor."""
+        import torch
+        import torch.distributed as dist
 
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    max_concurrency: int = 1
-    """Above 1 the actor runs calls in threads (generators batch concurrent requests)."""
-    torch_threads: int | None = None
-
-
-# Defined here, where a host is started in a slot, rather than in reservations.py, which hands slots out:
-# reservations.py then depends on this module (for `stop_workers`) and nothing depends back.
-@dataclass(frozen=True)
-class DeviceSlot:
-    """One device of a reservation (`reservations.py`): where a worker host is started."""
-
-    placement_group: Any
-    """The Ray PlacementGroup."""
-    bundle_index: int
+        target, self._target = self._target, None
+        close = getattr(target, "close", None)
+        if callable(close):
+            close()
+        del target, close
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch_state, python_state = self._fresh_random
+        torch.set_rng_state(torch_state)
+        random.setstate(python_state)
 
 
 def start_host(options: HostOptions, slot: DeviceSlot | None = None) -> Any:
     """Start one WorkerHost actor, in `slot` of a placement group when given (returns its handle; its worker is
-    built by `build`)."""
+    built by `build`); a host an earlier run of this process kept there with the same options is taken instead
+    (`host_pool.py`)."""
+    if slot is not None and keeping_hosts() and (kept := take_idle_host(slot, options)) is not None:
+        return kept
     strategy = None
     if slot is not None:
         strategy = PlacementGroupSchedulingStrategy(
@@ -238,10 +246,13 @@ class WorkerGroup(Generic[Worker]):
     the result are checked against that method's signature.
     """
 
-    def __init__(self, name: str, hosts: Sequence[Any], timeout_s: float):
+    def __init__(self, name: str, hosts: Sequence[Any], timeout_s: float, options: HostOptions | None = None):
         self.name = name
         self.hosts = list(hosts)
         self.timeout_s = timeout_s
+        self.options = options if options is not None else HostOptions()
+        self.slots: list[DeviceSlot | None] = [None] * len(self.hosts)
+        """The slot each host was started in (None: outside any placement group), in rank order."""
 
     # A static method with its own type variable: pyright infers the worker type from the factories only here
     # (through a classmethod on the unparameterized `WorkerGroup` it stays Unknown).
@@ -264,11 +275,13 @@ class WorkerGroup(Generic[Worker]):
         """
         if slots is not None and len(slots) != len(factories):
             raise ValueError(f"{name}: {len(factories)} workers but {len(slots)} placement slots")
-        group = WorkerGroup[Built](name, [], timeout_s)
+        group = WorkerGroup[Built](name, [], timeout_s, options)
         try:
             # Appended one by one so a failure part-way ends the hosts already started.
             for rank in range(len(factories)):
-                group.hosts.append(start_host(options, None if slots is None else slots[rank]))
+                slot = None if slots is None else slots[rank]
+                group.hosts.append(start_host(options, slot))
+                group.slots.append(slot)
             rendezvous = None
             if data_parallel is not None and len(factories) > 1:
                 host, port = group.rendezvous_address(0)

@@ -16,7 +16,8 @@ import ray
 from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from asyncppo.workers.ray_host import DeviceSlot, WorkerGroup
+from asyncppo.workers.host_pool import DeviceSlot, keep_hosts, keep_placement, keeping_hosts, take_placement
+from asyncppo.workers.ray_host import WorkerGroup
 
 DeviceResource = Literal["GPU", "CPU"]
 
@@ -28,14 +29,19 @@ class PlacementError(RuntimeError):
 class Reservation:
     """A pool of devices held as one Ray placement group until `release`."""
 
-    def __init__(self, name: str, placement: Any, count: int) -> None:
+    def __init__(self, name: str, placement: Any, count: int, resource: DeviceResource = "CPU") -> None:
         self.name = name
         self.placement = placement
         self.count = count
+        self.resource = resource
 
     @staticmethod
     def reserve(name: str, count: int, resource: DeviceResource, timeout_s: float) -> "Reservation":
-        """Hold `count` devices of `resource`, packed on as few nodes as they fit; wait at most `timeout_s`."""
+        """Hold `count` devices of `resource`, packed on as few nodes as they fit; wait at most `timeout_s`. A
+        placement group an earlier run of this process kept (`host_pool.py`) under the same name and size is
+        taken instead."""
+        if keeping_hosts() and (kept := take_placement(name, count, resource)) is not None:
+            return Reservation(name, kept, count, resource)
         total = ray.cluster_resources().get(resource, 0.0)
         if count > total:
             raise PlacementError(f"the {name} need {count} {resource} devices but the Ray cluster has {total:g} in all")
@@ -49,7 +55,7 @@ class Reservation:
                 f"the {name} need {count} {resource} devices; the Ray cluster has {total:g} in all, {free:g} free, "
                 f"and could not place them within {timeout_s:.0f} s (held by other jobs, or split across nodes)"
             ) from None
-        return Reservation(name, placement, count)
+        return Reservation(name, placement, count, resource)
 
     def slot(self, index: int) -> DeviceSlot:
         if not 0 <= index < self.count:
@@ -64,8 +70,22 @@ class Reservation:
         remove_placement_group(self.placement)
 
 
-def stop_workers(groups: Sequence[WorkerGroup[object]], reservations: Sequence[Reservation]) -> None:
-    """End every host of `groups`, then give the devices of `reservations` back."""
+def stop_workers(
+    groups: Sequence[WorkerGroup[object]], reservations: Sequence[Reservation], keep: bool = False
+) -> None:
+    """End every host of `groups`, then give the devices of `reservations` back; with `keep` (a run that ended well)
+    and ASYNCPPO_KEEP_WORKER_PROCESSES=1, reset the hosts and keep them and the devices for the next run instead."""
+    if keep and keeping_hosts():
+        keep_hosts(
+            [
+                (host, slot, group.options)
+                for group in groups
+                for host, slot in zip(group.hosts, group.slots, strict=True)
+            ]
+        )
+        for reservation in reservations:
+            keep_placement(reservation.name, reservation.count, reservation.resource, reservation.placement)
+        return
     for group in groups:
         group.kill()
     for reservation in reservations:
