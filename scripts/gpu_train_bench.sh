@@ -46,6 +46,10 @@ for piece in ${PIECES:-tests trl05 peer trl15 longtail05}; do
       [ -d $m05 ] || python3 scripts/make_random_model.py --shape qwen2.5-0.5b --out $m05 > /dev/null 2>&1
       bench longtail05 ${LONGTAIL_TIMEOUT:-300} --workload longtail --model $m05 --steps ${LONGTAIL_STEPS:-3} \
         --padded both ;;
+    longtail15)
+      [ -d $m15 ] || python3 scripts/make_random_model.py --shape qwen2.5-1.5b --out $m15 > /dev/null 2>&1
+      bench longtail15 ${LONGTAIL_TIMEOUT:-300} --workload longtail --model $m15 --steps ${LONGTAIL_STEPS:-3} \
+        --padded both ;;
     peer)
       [ -n "${PEER_SCRIPT:-}" ] || continue
       timeout "${PEER_TIMEOUT:-170}" python3 "$PEER_SCRIPT" --shape 0.5b --batch 64 --micro 64 --ckpt on \

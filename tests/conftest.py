@@ -23,13 +23,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     `--dist worksteal` hands worker k the k-th contiguous slice of the list and later lets an idle worker take the
     tail of another's queue. With every slow test at the head of the list, they all fell to the first worker, one
     after another, while the second ran quick tests; a long run started last left a worker idle at the end. So the
-    slow tests are dealt round-robin to the head of each slice: the long end-to-end runs start on every worker at
-    once, the quick tests fill the gaps and the end.
+    slow tests are split into one contiguous part per worker, each put at the head of its slice: the long
+    end-to-end runs start on every worker at once, the quick tests fill the gaps and the end.
     """
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
     quick = [item for item in items if item.get_closest_marker("slow") is None]
-    shares: list[list[pytest.Item]] = [slow[index::workers] for index in range(workers)]
+    # Contiguous runs of the slow list, so a file's runs follow each other on one worker and reuse the worker
+    # processes the previous run kept (ASYNCPPO_KEEP_WORKER_PROCESSES above).
+    shares: list[list[pytest.Item]] = [
+        slow[index * len(slow) // workers : (index + 1) * len(slow) // workers] for index in range(workers)
+    ]
     # The quick tests fill each share up to the size worksteal cuts: len(items) // workers, the remainder last.
     sizes = [len(items) // workers] * (workers - 1) + [len(items) - (len(items) // workers) * (workers - 1)]
     for share, size in zip(shares, sizes, strict=True):

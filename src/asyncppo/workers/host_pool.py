@@ -102,7 +102,10 @@ def take_idle_host(slot: DeviceSlot, options: HostOptions) -> Any | None:
     key = _slot_key(slot, options)
     idle = _idle_hosts.get(key)
     if idle:
-        return idle.pop()
+        host = idle.pop()
+        if not idle:
+            del _idle_hosts[key]
+        return host
     for other in [other for other in _idle_hosts if other[:2] == key[:2]]:
         for host in _idle_hosts.pop(other):
             ray.kill(host)
