@@ -41,8 +41,11 @@ def _train_in_process(tree: dict[str, Any], run_dir: Path) -> list[dict[str, Any
 
 
 @pytest.fixture(scope="session")
-def train_in_process() -> Callable[[dict[str, Any], Path], list[dict[str, Any]]]:
-    """Runner of a whole run in this process: train_in_process(tree, run_dir) -> the run's metrics.jsonl records."""
+def train_in_process(ray_cluster: None) -> Callable[[dict[str, Any], Path], list[dict[str, Any]]]:
+    """Runner of a whole run in this process: train_in_process(tree, run_dir) -> the run's metrics.jsonl records.
+
+    On the session's Ray cluster (its size: what the scale-out tests need), never one the run would start sized
+    for itself: that one would stay up for the rest of the session, too small for them."""
     return _train_in_process
 
 

@@ -22,15 +22,14 @@ from asyncppo.distributed.process_group import SyncGroupSpec, open_sync_group
 from asyncppo.distributed.weight_sync import ParamSpec, PushReport, WeightSender, param_specs, weights_checksum
 from asyncppo.generation.engines import EngineSettings
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.models.compiled_layers import compile_decoder_layers
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import sum_tensor_over_ranks
 from asyncppo.workers.generator_worker import GeneratorWorker
 from asyncppo.workers.microbatches import TokenTally
 from asyncppo.workers.phase_peaks import PhasePeaks
-from asyncppo.workers.scoring import ScoringModel, resolve_dtype
-from asyncppo.workers.trained_model import TrainedModelSettings, TrainedWorker
+from asyncppo.workers.scoring import resolve_dtype
+from asyncppo.workers.trained_model import TrainedModelSettings, TrainedWorker, scoring_model
 from asyncppo.workers.training import MicroBatch
 
 if TYPE_CHECKING:  # the HTTP stack (fastapi, uvicorn) is imported only by runs that serve the gym
@@ -85,16 +84,8 @@ class PolicyWorker(TrainedWorker):
 
         super().__init__(policy, forward, read_weights, model_path=model_path, device=device, settings=settings)
         self._reference = None
-        if reference is not None:
-            if settings.compiles_on(device):  # copied before the policy's layers were compiled
-                compile_decoder_layers(reference)
-            self._reference = ScoringModel(
-                reference,
-                forward,
-                device=device,
-                scoring_batch_size=settings.scoring_batch_size,
-                packed=self.scoring.packed,
-            )
+        if reference is not None:  # copied before the policy's layers were compiled: compiled on its own
+            self._reference = scoring_model(reference, forward, device, settings)
         self.rank = rank
         self.colocated = GeneratorWorker(self.model, colocated_engine, rank) if colocated_engine is not None else None
         self._sender: WeightSender | None = None

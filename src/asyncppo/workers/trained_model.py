@@ -83,6 +83,18 @@ class TrainedModelSettings:
         return self.logprob_batch_size if self.logprob_batch_size is not None else self.train_micro_batch_size
 
 
+def scoring_model(
+    model: PreTrainedModel, forward: TokenForward, device: torch.device, settings: TrainedModelSettings
+) -> ScoringModel:
+    """`model` (its decoder layers compiled when the settings say so on `device`) as a ScoringModel with the
+    settings' scoring batch size and packing."""
+    if settings.compiles_on(device):
+        compile_decoder_layers(model)
+    return ScoringModel(
+        model, forward, device=device, scoring_batch_size=settings.scoring_batch_size, packed=settings.packs_on(device)
+    )
+
+
 class TrainedWorker:
     """What the policy and value workers share: `scoring` (model, forward, sharding), the optimizer state that
     their passes advance, the tokenizer, and the checkpoint files.
@@ -113,15 +125,7 @@ class TrainedWorker:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if settings.compiles_on(device):
-            compile_decoder_layers(model)
-        self.scoring = ScoringModel(
-            model,
-            forward,
-            device=device,
-            scoring_batch_size=settings.scoring_batch_size,
-            packed=settings.packs_on(device),
-        )
+        self.scoring = scoring_model(model, forward, device, settings)
         self.settings = settings
         self.plan = settings.plan_on(device)
         self.reset_optimizer()
