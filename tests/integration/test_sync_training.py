@@ -187,3 +187,37 @@ def test_stopped_and_resumed_run_repeats_the_uninterrupted_run_and_takes_a_chang
     assert sorted(path.name for path in (run_dir / "config_history").iterdir()) == ["01_step2.yaml"]
     recorded = yaml.safe_load((run_dir / "config_history" / "01_step2.yaml").read_text())
     assert (recorded["ppo"]["max_num_steps"], recorded["model"]["optimizer"]["lr"]) == (3, 2 * lr)
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_with_a_note_and_none_left_is_one_error_line(
+    data_dir: Path,
+    tmp_path: Path,
+    tiny_run_tree: Callable[..., dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+):
+    from asyncppo.cli.main import main
+
+    tree = tiny_run_tree(data_dir, max_num_steps=2)
+    tree["checkpointing"]["save_period"] = 1
+    config, run_dir = tmp_path / "run.yaml", tmp_path / "run"
+    config.write_text(yaml.safe_dump(tree))
+    assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
+    weights = run_dir / "checkpoints" / "step_2" / "policy" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, the same file size
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["train", str(config), "--run-dir", str(run_dir), "ppo.max_num_steps=3"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "note: step_2 failed verification (policy/model.safetensors: hash mismatch); resuming from step_1\n" in out
+    ), out[-2000:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_1'} (step 1)" in out
+    assert [record["step"] for record in read_metrics_jsonl(run_dir / "metrics.jsonl")][-2:] == [2, 3]
+
+    for step in (1, 2, 3):  # every checkpoint damaged: nothing to resume from
+        (run_dir / "checkpoints" / f"step_{step}" / "run_state.json").write_text("{}")
+    assert main(["train", str(config), "--run-dir", str(run_dir), "ppo.max_num_steps=4"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err, captured.err
+    assert captured.err.startswith("error: checkpointing: no checkpoint in ") and "verifies (step_1: " in captured.err

@@ -1,6 +1,6 @@
 """Layer 1: checkpoints. `manager` owns the step-directory protocol; `state` the driver's files inside a step."""
 
-from asyncppo.checkpoint.manager import TRAINING_INFO_FILE, CheckpointManager, CheckpointRecord
+from asyncppo.checkpoint.manager import TRAINING_INFO_FILE, CheckpointDamagedError, CheckpointManager, CheckpointRecord
 from asyncppo.checkpoint.state import (
     RUN_STATE_FILE,
     WARM_START_FILE,
@@ -20,6 +20,7 @@ __all__ = [
     "RUN_STATE_FILE",
     "TRAINING_INFO_FILE",
     "WARM_START_FILE",
+    "CheckpointDamagedError",
     "CheckpointManager",
     "CheckpointRecord",
     "RunState",

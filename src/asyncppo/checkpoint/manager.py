@@ -6,7 +6,10 @@ workers `policy/`, the value workers `value/`, the driver the rest) and then cal
     begin: tmp_step_N/ --components write--> finalize: training_info.json, fsync --rename--> step_N/ --> prune
 
 A directory counts as a checkpoint only when it is named `step_N` AND holds `training_info.json`; finalize writes
-that file last and renames atomically, so a crash at any point leaves the previous checkpoints usable.
+that file last and renames atomically, so a crash at any point leaves the previous checkpoints usable. Before it,
+finalize writes the manifest (`manifest.py`: every file's size and SHA-256); `latest()` returns the newest
+checkpoint whose files match it, noting each newer one that does not (`rejected`), and raises
+CheckpointDamagedError when checkpoints exist but none verifies: a run never resumes from damaged state.
 """
 
 import json
@@ -19,9 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncppo.checkpoint.manifest import damage_in, write_manifest
+
 TRAINING_INFO_FILE = "training_info.json"
 _STEP_DIR = re.compile(r"step_(\d+)")
 _METRIC_PREFIXES = ("val:", "train:")
+
+
+class CheckpointDamagedError(RuntimeError):
+    """Checkpoints exist but none verifies; the message is one line naming each and its first problem."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,9 @@ class CheckpointManager:
         self.higher_is_better = higher_is_better
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self._recover_interrupted_overwrites()
+        self._verified: set[Path] = set()
+        self.rejected: dict[int, str] = {}
+        """Checkpoints `latest()` passed over, by step: the first problem found in each."""
 
     def step_path(self, step: int) -> Path:
         return self.checkpoint_dir / f"step_{step}"
@@ -126,7 +138,8 @@ class CheckpointManager:
         value = self._metric_value(metrics)
         if self.metric_name is not None and value is not None:
             info[self.metric_name] = float(value) if math.isfinite(value) else None
-        # Components' files first, training_info.json last: its presence marks the directory complete.
+        # Components' files first, then their manifest, training_info.json last: it marks the directory complete.
+        write_manifest(tmp)
         fsync_tree(tmp)
         write_json_atomic(tmp / TRAINING_INFO_FILE, info)
         fsync_directory(tmp)
@@ -142,6 +155,7 @@ class CheckpointManager:
         else:
             os.rename(tmp, final)
             fsync_directory(self.checkpoint_dir)
+        self._verified.add(final)  # just written and hashed by this process
         self.prune(protect_step=step)
         return final
 
@@ -153,16 +167,35 @@ class CheckpointManager:
             info_path = entry / TRAINING_INFO_FILE
             if match is None or not entry.is_dir() or not info_path.is_file():
                 continue
-            info = json.loads(info_path.read_text())
+            try:
+                info = json.loads(info_path.read_text())
+            except ValueError as error:  # a damaged marker: not a checkpoint to rank or resume from
+                self.rejected[int(match.group(1))] = f"{TRAINING_INFO_FILE}: unreadable ({error})"
+                continue
             value = info.get(self.metric_name) if self.metric_name is not None else None
             metric_value = float(value) if isinstance(value, int | float) and math.isfinite(value) else None
             records.append(CheckpointRecord(int(match.group(1)), entry, metric_value))
         return sorted(records, key=lambda record: record.step)
 
     def latest(self) -> Path | None:
-        """The complete checkpoint with the highest step number, or None when there is none."""
+        """The verified checkpoint with the highest step number, or None when there is none; newer ones that fail
+        verification are noted in `rejected`. CheckpointDamagedError when checkpoints exist and none verifies."""
         records = self.checkpoints()
-        return records[-1].path if records else None
+        for record in reversed(records):
+            if record.path in self._verified:
+                return record.path
+            damage = damage_in(record.path)
+            if damage is None:
+                self._verified.add(record.path)
+                return record.path
+            self.rejected[record.step] = damage
+        if self.rejected:
+            found = "; ".join(f"step_{step}: {reason}" for step, reason in sorted(self.rejected.items()))
+            raise CheckpointDamagedError(
+                f"no checkpoint in {self.checkpoint_dir} verifies ({found}); move the directory aside to start "
+                "afresh, or restore a good copy"
+            )
+        return None
 
     def prune(self, protect_step: int | None = None) -> list[Path]:
         """Delete checkpoints beyond keep_top_k (see the class docstring for the rule); returns what was deleted."""

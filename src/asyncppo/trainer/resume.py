@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import yaml
 
-from asyncppo.checkpoint import CheckpointManager, load_run_state
+from asyncppo.checkpoint import CheckpointDamagedError, CheckpointManager, load_run_state
 from asyncppo.config import ConfigError, RunConfig, dump_config
 from asyncppo.trainer.run_checkpoints import CONFIG_FILE
 
@@ -157,7 +157,11 @@ def find_resume_checkpoint(config: RunConfig, run_dir: Path) -> Path | None:
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir or run_dir / "checkpoints")
     if not checkpoint_dir.is_dir():
         return None
-    return CheckpointManager(checkpoint_dir, keep_top_k=None, metric_name=None, higher_is_better=True).latest()
+    manager = CheckpointManager(checkpoint_dir, keep_top_k=None, metric_name=None, higher_is_better=True)
+    try:
+        return manager.latest()
+    except CheckpointDamagedError as error:
+        raise ConfigError([f"checkpointing: {error}"]) from None
 
 
 def check_resume(config: RunConfig, run_dir: Path) -> ResumePlan:

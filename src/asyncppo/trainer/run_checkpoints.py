@@ -79,6 +79,10 @@ class RunCheckpoints:
             self._warm_start_critic()
             return 0
         state = load_run_state(latest)
+        assert self.manager is not None  # latest() found a checkpoint
+        for step, reason in sorted(self.manager.rejected.items(), reverse=True):
+            if step > state.step:
+                print(f"note: step_{step} failed verification ({reason}); resuming from {latest.name}", flush=True)
         if (latest / POLICY_DIR).is_dir():
             self.policy.load(latest / POLICY_DIR)
         else:
