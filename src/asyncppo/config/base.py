@@ -18,6 +18,8 @@ class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         frozen=True,
+        # No setting means anything at infinity or NaN (a learning rate, a clip bound, a threshold): refused.
+        allow_inf_nan=False,
         use_attribute_docstrings=True,
         validate_default=True,
         protected_namespaces=(),

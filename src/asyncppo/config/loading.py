@@ -28,6 +28,8 @@ DEFAULTS_KEY = "defaults"
 MAX_NESTING = 32
 """Deepest nesting of mappings and lists a config may hold (the schema needs 5). Past it the merge, the
 validator and the dump would recurse without bound (a YAML alias can even contain itself)."""
+MAX_CONFIG_BYTES = 1024 * 1024
+"""Config files above this are refused before they are read (no config is near it; a huge one hangs the parser)."""
 MAX_VALUES = 100_000
 """Most values a config may hold, counting each use of a YAML alias (a few aliased lines can expand to billions)."""
 
@@ -72,6 +74,17 @@ class _ConfigLoader(yaml.SafeLoader):
                 reason = f" ({error})" if isinstance(error, ValueError) else ""
                 problem = f"cannot read {_shown(node.value)} as {kind}{reason}"
             raise ConstructorError(None, None, problem, node.start_mark) from None
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # PyYAML keeps the last of two equal keys without a word; in a config that hides a mistake.
+        first_lines: dict[object, int] = {}
+        for key_node, _ in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
+            if key in first_lines:
+                problem = f"duplicate key {_shown(str(key))} (first on line {first_lines[key]})"
+                raise ConstructorError(None, None, problem, key_node.start_mark)
+            first_lines[key] = key_node.start_mark.line + 1
+        return cast(dict[Any, Any], super().construct_mapping(node, deep=deep))  # pyright: ignore[reportUnknownMemberType]
 
 
 def _parse_yaml(text: str, failure: str) -> Any:
@@ -155,6 +168,9 @@ def _read_utf8(path: Path) -> str:
     try:
         if not path.is_file():
             raise ConfigError([f"{path}: config file not found"])
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError([f"{path}: config file of {size} bytes; expected at most {MAX_CONFIG_BYTES} (1 MiB)"])
         data = path.read_bytes()
     except OSError as error:
         raise ConfigError([f"{path}: cannot read the config file ({error.strerror})"]) from None

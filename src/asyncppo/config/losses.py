@@ -12,8 +12,9 @@ KLType = Literal["k1", "k2", "k3"]
 class PolicyLossConfig(Section):
     """Clipped PPO policy loss with importance-sampling correction and optional KL terms."""
 
-    ratio_clip_min: float = Field(default=0.2, ge=0)
-    """Lower clip: the ratio is clipped at 1 - ratio_clip_min."""
+    ratio_clip_min: float = Field(default=0.2, ge=0, le=1)
+    """Lower clip: the ratio is clipped at 1 - ratio_clip_min; at most 1 (1 = no lower clip, as NeMo-RL's CISPO
+    recipe sets it; above 1 the bound would be negative, below any ratio)."""
     ratio_clip_max: float = Field(default=0.2, ge=0)
     """Upper clip: the ratio is clipped at 1 + ratio_clip_max (DAPO clip-higher when > ratio_clip_min)."""
     ratio_clip_c: float | None = Field(default=None, gt=1)

@@ -206,7 +206,7 @@ class PPOConfig(Section):
     """Validation prompts per validation; null = the whole validation set."""
     val_num_generations_per_prompt: PositiveInt = 1
     """Samples per validation prompt; more samples make a sampled validation reward less noisy."""
-    seed: int = 42
+    seed: int = Field(default=42, ge=0, le=2**63 - 1)
     """Seed of every random number generator of the run."""
     use_dynamic_sampling: bool = False
     """DAPO dynamic sampling (sync runs): keep only groups whose rewards differ; more batches fill the step."""
