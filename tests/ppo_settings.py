@@ -3,7 +3,7 @@ config tree holds them, and validated) and `StepSettings` for steps run without 
 
 The schema requires each estimator key to be written, even when null, so every test that builds a section spelled
 out the same eight lines; here they are written once, and each caller names only the values its expected numbers
-depend on.
+depend on. `tiny_run_tree` is the smallest valid single-turn run config, which tests vary one input of.
 """
 
 from typing import Any
@@ -67,3 +67,23 @@ def plain_step_settings(advantage: AdvEstimatorConfig, **overrides: Any) -> Step
         "need_reference_logprobs": False,
     }
     return StepSettings(advantage=advantage, **(fields | overrides))
+
+
+def tiny_run_tree(train_path: str, reward_function: str = "exact_match") -> dict[str, Any]:
+    """A small valid single-turn run on the tiny model on CPU: 2 steps of 2 prompts x 2 samples, GAE with a critic.
+    Callers add what their test needs (validation, checkpointing, logging) to the returned tree."""
+    return {
+        "model": {"model_name": "tiny:tiny", "train_micro_batch_size": 4, "max_total_sequence_length": 64},
+        "value": {"train_micro_batch_size": 4, "max_total_sequence_length": 64},
+        "data": {"train_path": train_path},
+        "generation": {"max_new_tokens": 4},
+        "env": {"reward_function": reward_function},
+        "ppo": {
+            "num_prompts_per_step": 2,
+            "num_generations_per_prompt": 2,
+            "max_num_steps": 2,
+            "ppo_epochs": 1,
+            "adv_estimator": gae_section(normalize_advantages=True),
+        },
+        "cluster": {"device": "cpu"},
+    }

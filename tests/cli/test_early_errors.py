@@ -17,7 +17,7 @@ from asyncppo.config import validate_tree
 from asyncppo.rollout.rewards import exact_match_reward
 from asyncppo.trainer.preflight import CheckedInputs
 from asyncppo.trainer.setup import resolve_setup
-from ppo_settings import gae_section
+from ppo_settings import tiny_run_tree
 
 DEMO = str(REPO / "examples" / "configs" / "demo.yaml")
 HEAVY_MODULES = ("torch", "transformers", "ray")
@@ -39,22 +39,10 @@ print(json.dumps({{"results": results, "heavy": [m for m in {HEAVY_MODULES!r} if
 
 def _tree(train_path: Path, reward_function: str, log_dir: Path) -> dict[str, Any]:
     """A small valid single-turn run on the tiny model (its inputs are what the tests vary)."""
-    return {
-        "model": {"model_name": "tiny:tiny", "train_micro_batch_size": 4, "max_total_sequence_length": 64},
-        "value": {"train_micro_batch_size": 4, "max_total_sequence_length": 64},
-        "data": {"train_path": str(train_path), "validation_fraction": 0.5},
-        "generation": {"max_new_tokens": 4},
-        "env": {"reward_function": reward_function},
-        "ppo": {
-            "num_prompts_per_step": 2,
-            "num_generations_per_prompt": 2,
-            "max_num_steps": 2,
-            "ppo_epochs": 1,
-            "adv_estimator": gae_section(normalize_advantages=True),
-        },
-        "cluster": {"device": "cpu"},
-        "logger": {"log_dir": str(log_dir)},
-    }
+    tree = tiny_run_tree(str(train_path), reward_function)
+    tree["data"]["validation_fraction"] = 0.5
+    tree["logger"] = {"log_dir": str(log_dir)}
+    return tree
 
 
 def _write_config(tmp_path: Path, tree: dict[str, Any], name: str = "run.yaml") -> str:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from asyncppo.cli.main import main
-from ppo_settings import gae_section
+from ppo_settings import tiny_run_tree
 
 REPO = Path(__file__).parents[2]
 pytestmark = pytest.mark.usefixtures("ray_tripwire")
@@ -24,24 +24,11 @@ pytestmark = pytest.mark.usefixtures("ray_tripwire")
 
 def _tree(data_path: Path, reward_function: str = "exact_match") -> dict[str, Any]:
     """A tiny valid run: tiny model, 2 steps of 2 prompts x 2 samples, no validation, no checkpoints."""
-    return {
-        "model": {"model_name": "tiny:tiny", "train_micro_batch_size": 4, "max_total_sequence_length": 64},
-        "value": {"train_micro_batch_size": 4, "max_total_sequence_length": 64},
-        "data": {"train_path": str(data_path)},
-        "generation": {"max_new_tokens": 4},
-        "env": {"reward_function": reward_function},
-        "ppo": {
-            "num_prompts_per_step": 2,
-            "num_generations_per_prompt": 2,
-            "max_num_steps": 2,
-            "ppo_epochs": 1,
-            "val_period": 0,
-            "adv_estimator": gae_section(normalize_advantages=True),
-        },
-        "cluster": {"device": "cpu"},
-        "checkpointing": {"enabled": False},
-        "logger": {"console": False, "tensorboard_enabled": False},
-    }
+    tree = tiny_run_tree(str(data_path), reward_function)
+    tree["ppo"]["val_period"] = 0
+    tree["checkpointing"] = {"enabled": False}
+    tree["logger"] = {"console": False, "tensorboard_enabled": False}
+    return tree
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
