@@ -8,13 +8,14 @@
 # scripts/bench_train_pass.py (the training passes alone, with a profile). BENCH_ARGS are key=value overrides for
 # every bench piece (e.g. "model.compile=false value.compile=false" for eager layers) and TAG prefixes their log
 # names, so two passes over the pieces in one call keep both sets of logs. TORCH_LOGS=recompiles (the default here)
-# logs each recompiled graph with its reason; each bench piece prints their count.
+# logs each recompiled graph with its reason; each bench piece prints their count. SRC (default src/) runs another
+# copy of the sources, e.g. a baseline commit's (`git archive REV src | tar -x -C DIR`), for a same-machine before/after.
 set -uo pipefail
 OUT=${OUT:-/tmp/asyncppo-train-bench}
 mkdir -p "$OUT"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD/src
+  export PYTHONPATH=/tmp/site:${SRC:-$PWD/src}
 fi
 export ASYNCPPO_CACHE_DIR=/tmp/asyncppo-cache PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache} TORCH_LOGS=${TORCH_LOGS-recompiles}

@@ -103,7 +103,7 @@ def run_bench_train_command(args: argparse.Namespace) -> int:
     print(f"model {args.model}; {steps} steps per variant ({', '.join(variant_names)}); run directory {run_dir}\n")
     print("\n".join(_workload_table(workload_stats(workload, prepared))), flush=True)
     results = run_variants(prepared.variants)
-    summaries = [summarize(records) for records in results]
+    summaries = [summarize(run) for run in results]
     for variant, summary in zip(prepared.variants, summaries, strict=True):
         print(f"\n## {variant.name}: seconds per phase ({variant.run_dir})\n")
         print("\n".join(_phase_table(summary)))
@@ -146,6 +146,7 @@ def _phase_table(summary: "VariantSummary") -> list[str]:
 def _summary_table(names: Sequence[str], summaries: "Sequence[VariantSummary]") -> list[str]:
     """One column per variant: step times, then perf/* (median of later steps), then memory peaks."""
     rows: list[tuple[str, list[float | None], str]] = [
+        ("start-up s", [summary.startup_s for summary in summaries], ".2f"),
         ("first step s", [summary.first_step_s for summary in summaries], ".2f"),
         ("later steps s (median)", [summary.later_step_s for summary in summaries], ".2f"),
     ]

@@ -16,6 +16,7 @@ import json
 import math
 import random
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,13 +267,25 @@ def workload_stats(workload: Workload, prepared: PreparedBench) -> WorkloadStats
     )
 
 
-def run_variants(variants: Sequence[Variant]) -> list[list[dict[str, Any]]]:
-    """Train each variant in turn (build_run + train, as `asyncppo train` does minus its signal handling) and
-    return each one's metrics.jsonl records. Ray is shut down at the end only when this call started it."""
+@dataclass(frozen=True)
+class VariantRun:
+    """One variant's metrics.jsonl records and its start-up seconds (build_run: Ray for the first variant, the
+    workers' model loads, the generators' engine compile and capture, the trainers' layer compile)."""
+
+    records: list[dict[str, Any]]
+    startup_s: float
+
+
+def run_variants(variants: Sequence[Variant]) -> list[VariantRun]:
+    """Train each variant in turn (build_run + train, as `asyncppo train` does minus its signal handling). Ray is
+    shut down at the end only when this call started it."""
     ray_was_up = ray.is_initialized()
+    startups: list[float] = []
     try:
         for variant in variants:
+            started = time.perf_counter()
             run = build_run(variant.config, variant.run_dir)
+            startups.append(time.perf_counter() - started)
             trained = False
             try:
                 train(run)
@@ -282,7 +295,10 @@ def run_variants(variants: Sequence[Variant]) -> list[list[dict[str, Any]]]:
     finally:
         if not ray_was_up:
             shutdown_ray()
-    return [read_metrics_jsonl(variant.metrics_path) for variant in variants]
+    return [
+        VariantRun(read_metrics_jsonl(variant.metrics_path), startup_s)
+        for variant, startup_s in zip(variants, startups, strict=True)
+    ]
 
 
 PHASE_ORDER = (
@@ -309,6 +325,8 @@ class VariantSummary:
     """The records of the training steps, in order."""
     phases: list[str]
     """Phase names (timing/<name>) logged by any step, in PHASE_ORDER, `step` last."""
+    startup_s: float
+    """build_run's seconds (`VariantRun.startup_s`)."""
     first_step_s: float
     later_step_s: float
     """Median timing/step of the later steps."""
@@ -318,8 +336,9 @@ class VariantSummary:
     """memory/*_peak_gib -> the largest value of any step."""
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> VariantSummary:
-    """The summary of one run's metrics.jsonl records (validation-only records are skipped)."""
+def summarize(run: VariantRun) -> VariantSummary:
+    """The summary of one run (validation-only records are skipped)."""
+    records = run.records
     steps = [record for record in records if "timing/step" in record]
     if not steps:
         raise ValueError("the run logged no training step (no record holds timing/step)")
@@ -333,6 +352,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> VariantSummary:
     return VariantSummary(
         steps=list(steps),
         phases=[*known, *others, "step"],
+        startup_s=run.startup_s,
         first_step_s=float(steps[0]["timing/step"]),
         later_step_s=statistics.median(float(record["timing/step"]) for record in later),
         perf={key: _median_of(later, key) for key in PERF_KEYS},

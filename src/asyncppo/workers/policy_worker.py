@@ -26,9 +26,8 @@ from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.types import TrainBatch
 from asyncppo.workers.data_parallel import sum_tensor_over_ranks
 from asyncppo.workers.generator_worker import GeneratorWorker
-from asyncppo.workers.microbatches import TokenTally
 from asyncppo.workers.phase_peaks import PhasePeaks
-from asyncppo.workers.scoring import resolve_dtype
+from asyncppo.workers.scoring import ScoringModel, resolve_dtype
 from asyncppo.workers.trained_model import TrainedModelSettings, TrainedWorker, scoring_model
 from asyncppo.workers.training import MicroBatch
 
@@ -74,7 +73,10 @@ class PolicyWorker(TrainedWorker):
         dtype, device = resolve_dtype(settings.dtype), torch.device(device)
         self._loss_settings = settings.loss_settings
         policy = load_policy(model_path, dtype, device)
-        reference = copy.deepcopy(policy).requires_grad_(False) if settings.keep_reference else None
+        # The reference is only ever scored without grad; its parameters keep requires_grad as the policy's so that
+        # its compiled layers reuse the policy's no-grad graph (a parameter's requires_grad is part of a graph's
+        # guards: a frozen copy compiled a third graph at start-up). No optimizer ever holds them.
+        reference = copy.deepcopy(policy) if settings.keep_reference else None
         forward = functools.partial(
             token_logprobs, temperature=settings.temperature, chunk_size=settings.logprob_chunk_size
         )
@@ -90,11 +92,12 @@ class PolicyWorker(TrainedWorker):
         self.colocated = GeneratorWorker(self.model, colocated_engine, rank) if colocated_engine is not None else None
         self._sender: WeightSender | None = None
         self._first_pass_logprobs: torch.Tensor | None = None  # [B, S], filled by train_on_policy's forwards
+        self.warm_up_compiled_layers()
         self._memory = PhasePeaks(next(self.model.parameters()).device)
 
-    def _scoring_tallies(self) -> list[TokenTally]:
-        own = super()._scoring_tallies()
-        return own if self._reference is None else [*own, self._reference.scored]
+    def _scoring_models(self) -> list[ScoringModel]:
+        own = super()._scoring_models()
+        return own if self._reference is None else [*own, self._reference]
 
     # -- training (the policy side of the PPO step) --
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -201,6 +204,9 @@ class PolicyWorker(TrainedWorker):
     def serve_http(self, settings: "PolicyServerSettings") -> str:
         """Serve the colocated generator to gym agents; returns the OpenAI base URL (`http://host:port/v1`)."""
         return self._engine().serve_http(settings)
+
+    def policy_requests_received(self) -> int:
+        return self._engine().policy_requests_received()
 
     def policy_version(self) -> int:
         return self._engine().policy_version()

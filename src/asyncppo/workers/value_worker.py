@@ -54,6 +54,7 @@ class ValueWorker(TrainedWorker):
 
         model = load_value_model(model_path, dtype, device)
         super().__init__(model, values, read_weights, model_path=model_path, device=device, settings=settings)
+        self.warm_up_compiled_layers()
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, S] fp32 on CPU, right-shifted (values[:, t] = V(state before token t)), no grad."""
