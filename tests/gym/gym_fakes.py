@@ -17,7 +17,8 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncppo.generation.protocol import FinishReason, GenerationRequest, GenerationResult
 from asyncppo.gym.client import GymClient
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.gym.policy_server import STOP_GRACE_S, PolicyServer, create_policy_app
+from asyncppo.gym.request_limits import DEFAULT_LIMITS, ServerLimits
 from asyncppo.types import SamplingProfile
 
 TRAIN_SAMPLING, VALIDATION_SAMPLING = SamplingProfile(1.0, 1.0), SamplingProfile(0.0, 1.0)
@@ -63,6 +64,8 @@ def policy_server_of(
     api_key: str | None = None,
     train_sampling: SamplingProfile = TRAIN_SAMPLING,
     validation_sampling: SamplingProfile = VALIDATION_SAMPLING,
+    limits: ServerLimits = DEFAULT_LIMITS,
+    stop_grace_s: int = STOP_GRACE_S,
 ) -> PolicyServer:
     """A PolicyServer (not started; `with` starts it) of model "policy" that generates with `generator`, any object
     with the Generator methods the server calls (a fake need not implement the rest)."""
@@ -75,7 +78,7 @@ def policy_server_of(
         max_model_len=max_model_len,
         api_key=api_key,
     )
-    return PolicyServer(app)
+    return PolicyServer(app, limits=limits, stop_grace_s=stop_grace_s)
 
 
 @contextmanager

@@ -1,11 +1,13 @@
 """Prefix splice and tool-call parsing on the tiny tokenizer's ChatML template (no model needed)."""
 
+import copy
 import json
 
 import pytest
+import tokenizers
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.gym.chat_prompt import PromptError, build_prompt, parse_generation, render_tokens
+from asyncppo.gym.chat_prompt import PromptError, build_prompt, encode_text, parse_generation, render_tokens
 from asyncppo.gym.protocol import RequestMessage
 from asyncppo.models.tiny import EOS_TOKEN_ID
 
@@ -91,3 +93,26 @@ def test_parse_generation_leaves_malformed_blocks_in_the_content() -> None:
     text = "<tool_call>\n{not json}\n</tool_call> done"
     assert parse_generation(text) == (text, [])
     assert parse_generation("plain answer ") == ("plain answer ", [])
+
+
+@pytest.mark.parametrize("add_special_tokens", [False, True])
+def test_encode_text_gives_the_ids_of_tokenizer_encode(
+    tokenizer: PreTrainedTokenizerBase, add_special_tokens: bool
+) -> None:
+    texts = ["", "hi", "<|im_start|>user\nhi<|im_end|>\n", "  two  spaces\n\n\ttab", "héllo wörld 😀 " * 40, "9" * 500]
+    for text in texts:
+        assert encode_text(tokenizer, text, add_special_tokens) == tokenizer.encode(
+            text, add_special_tokens=add_special_tokens
+        )
+
+
+def test_encode_text_takes_the_tokenizers_own_path_when_its_backend_truncates(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    truncating = copy.deepcopy(tokenizer)
+    backend = truncating.backend_tokenizer
+    assert isinstance(backend, tokenizers.Tokenizer)
+    backend.enable_truncation(5)  # the fast path would return 5 ids
+    text = "a sentence of well over five tokens"
+    assert encode_text(truncating, text, False) == tokenizer.encode(text, add_special_tokens=False)
+    assert len(tokenizer.encode(text, add_special_tokens=False)) > 5

@@ -1,5 +1,6 @@
 """The policy server over real HTTP on 127.0.0.1: token-exact turns, logprobs, validation, concurrency, shutdown."""
 
+import asyncio
 import copy
 import socket
 import threading
@@ -15,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncppo.generation.hf_generator import HFGenerator
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.policy_server import PolicyServer, listening_socket
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 
@@ -342,3 +343,23 @@ def test_chat_template_kwargs_reach_the_template(tokenizer: PreTrainedTokenizerB
         assert prompt["choices"][0]["message"]["prompt_token_ids"] == tokens  # completion and tokenize agree
         reserved = httpx.post(f"{root}/tokenize", json=body | {"chat_template_kwargs": {"tokenize": True}})
         assert reserved.status_code == 400 and "['tokenize'] are arguments" in reserved.json()["error"]["message"]
+
+
+def test_connections_of_the_listening_socket_get_tcp_nodelay() -> None:
+    # asyncio sets TCP_NODELAY only on connections of a socket made with proto=IPPROTO_TCP (socket.create_server's
+    # are proto 0); without it every answer written in two parts waited ~40 ms for the client's delayed ACK.
+    async def nodelay_of_an_accepted_connection() -> int:
+        accepted: asyncio.Queue[int] = asyncio.Queue()
+
+        async def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await accepted.put(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        listener = listening_socket("127.0.0.1", 0)
+        async with await asyncio.start_server(on_connect, sock=listener):
+            _, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
+            flag = await asyncio.wait_for(accepted.get(), 10)
+            writer.close()
+        return flag
+
+    assert asyncio.run(nodelay_of_an_accepted_connection()) == 1

@@ -21,6 +21,7 @@ from types import FrameType
 from asyncppo.config import ConfigError, RunConfig, load_config
 from asyncppo.generation.engines import build_engine
 from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.request_limits import server_limits
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.policy import load_policy
 from asyncppo.trainer.gym_setup import policy_server_settings
@@ -46,6 +47,7 @@ def run_gym_serve_command(args: argparse.Namespace) -> int:
                 max_steps=config.env.gym.max_steps,
                 model_name=config.env.gym.model_name,
                 api_key=config.env.gym.api_key,
+                limits=server_limits(config.env.gym),
             )
             running.callback(gym.stop)
             _print_servers(config, server, gym)

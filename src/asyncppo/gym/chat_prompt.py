@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jinja2
+import tokenizers
 from transformers import PreTrainedTokenizerBase
 
 from asyncppo.gym.protocol import FunctionCall, RequestMessage, ToolCall
@@ -66,7 +67,27 @@ def render_tokens(
     except jinja2.TemplateError as error:  # the template's raise_exception, or a variable of the wrong shape
         raise PromptError(f"the chat template cannot render these messages: {error}") from None
     assert isinstance(text, str)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return encode_text(tokenizer, text, add_special_tokens=False)
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool) -> list[int]:
+    """`tokenizer.encode(text, add_special_tokens=...)`, the same ids, through the Rust tokenizer's
+    `encode_batch_fast` when the tokenizer has one in its plain state (no truncation, padding or special-token
+    splitting set on it).
+
+    Why: the policy server tokenises on threads beside its event loop, and the usual path holds the GIL while it
+    builds and frees its per-token offsets (about 150 ms per million tokens, during which `/health` cannot be
+    answered); the fast path skips the offsets (about 25 ms held) and encodes about twice as fast.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (
+        isinstance(backend, tokenizers.Tokenizer)
+        and backend.truncation is None
+        and backend.padding is None
+        and backend.encode_special_tokens == getattr(tokenizer, "split_special_tokens", False)
+    ):
+        return backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
 def _render_arguments(tokenizer: PreTrainedTokenizerBase) -> set[str]:

@@ -9,28 +9,36 @@ is parsed strictly (`request_body.parse_body`), so malformed or hostile input is
          <-- message {content, tool_calls, prompt_token_ids, generation_token_ids, generation_log_probs}
     POST /v1/responses --> check sampling profile --> responses_conversion.chat_messages --> ChatEngine.complete
          <-- responses_conversion.build_response: output items, the token fields on the last one
+
+Work that grows with the body (JSON parsing, chat templating, tokenising, decoding, building the answer) runs on
+a small thread pool, so the event loop stays free for `/health` and for other requests while large ones are
+served; the runner (`PolicyServer`) caps bodies and bounds each request's time (`request_limits.py`).
 """
 
 import asyncio
+import contextlib
+import functools
 import math
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.generation.protocol import GenerationRequest, GeneratorClosedError, SamplingParams
+from asyncppo.generation.protocol import GenerationRequest, GenerationResult, GeneratorClosedError, SamplingParams
 from asyncppo.generation.protocol import Generator as GeneratorProtocol
-from asyncppo.gym.auth import require_api_key
-from asyncppo.gym.chat_prompt import PromptError, build_prompt, parse_generation, render_tokens
+from asyncppo.gym.auth import require_api_key, warn_if_unauthenticated
+from asyncppo.gym.chat_prompt import PromptError, build_prompt, encode_text, parse_generation, render_tokens
 from asyncppo.gym.protocol import (
     OFF_POLICY_KNOBS,
     ChatCompletionRequest,
@@ -44,12 +52,32 @@ from asyncppo.gym.protocol import (
     Usage,
 )
 from asyncppo.gym.request_body import RequestError, error_response, parse_body
+from asyncppo.gym.request_limits import DEFAULT_LIMITS, BoundedApp, ServerLimits
 from asyncppo.gym.responses import ResponsesInputError, ResponsesRequest, ResponsesResponse, check_request
 from asyncppo.gym.responses_conversion import build_response, chat_messages, chat_tools
 from asyncppo.types import SamplingProfile
 
 LOGPROB_FLOOR = -9999.0
 """Logprobs below this (and -inf) are reported as it, so the JSON never carries -Infinity."""
+CPU_THREADS = 2
+"""Threads of a policy server's body work. Two, so one huge request does not hold up every other one's prompt;
+not more, because the GIL-holding parts of that work (JSON parsing, building id lists, template rendering) then
+queue the event loop behind several threads at once (measured with scripts/bench_policy_server.py: /health p99
+17 / 78 / 168 ms with 1 / 2 / 4 threads while 20 one-MiB requests were served on 2 busy cores)."""
+STOP_GRACE_S = 5
+"""How long a stopping server lets running requests finish before it answers them 503 and exits."""
+
+Result = TypeVar("Result")
+
+
+async def off_loop(executor: ThreadPoolExecutor, function: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
+    """`function(*args, **kwargs)` run on `executor`, awaited; its exceptions (RequestError) propagate."""
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(function, *args, **kwargs))
+
+
+def json_response(model: BaseModel, *, exclude_none: bool) -> Response:
+    """The JSON answer FastAPI would serialize for `model` (by alias), built by the caller's thread."""
+    return Response(model.model_dump_json(by_alias=True, exclude_none=exclude_none), media_type="application/json")
 
 
 def check_sampling(request: SamplingKnobs, train: SamplingProfile, validation: SamplingProfile) -> None:
@@ -94,12 +122,18 @@ class ChatEngine:
     """The generation path both routes share: chat messages in, one assistant message with its token bundle out."""
 
     def __init__(
-        self, generator: GeneratorProtocol, tokenizer: PreTrainedTokenizerBase, eos_token_id: int, max_model_len: int
+        self,
+        generator: GeneratorProtocol,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_id: int,
+        max_model_len: int,
+        executor: ThreadPoolExecutor,
     ) -> None:
         self._generator = generator
         self._tokenizer = tokenizer
         self._eos_token_id = eos_token_id
         self._max_model_len = max_model_len
+        self._executor = executor
 
     async def complete(
         self,
@@ -113,15 +147,12 @@ class ChatEngine:
     ) -> Choice:
         """Splice the prompt, generate under a checked `profile`, parse the text; RequestError on a refusal.
 
-        Awaits the Generator's future, so concurrent requests queue together and share the engine's batches.
+        Templating and decoding run on the executor; the Generator's future is awaited on the loop, so concurrent
+        requests queue together and share the engine's batches.
         """
-        try:
-            prompt = build_prompt(
-                self._tokenizer, messages, tools, self._eos_token_id, required_prefix_token_ids, template_kwargs
-            )
-        except PromptError as error:
-            raise RequestError(400, str(error)) from error
-        budget = output_budget(limits, len(prompt), self._max_model_len)
+        prompt, budget = await off_loop(
+            self._executor, self._prompt, messages, tools, limits, required_prefix_token_ids, template_kwargs
+        )
         sampling = SamplingParams.for_profile(profile, max_new_tokens=budget)
         try:
             result = await asyncio.wrap_future(self._generator.submit(GenerationRequest(tuple(prompt), sampling)))
@@ -129,6 +160,33 @@ class ChatEngine:
             raise RequestError(503, f"the generation engine is closed: {error}") from error
         except ValueError as error:  # the engine's own request checks (token ids outside the vocabulary, ...)
             raise RequestError(400, str(error)) from error
+        return await off_loop(self._executor, self._choice, prompt, result)
+
+    def _prompt(
+        self,
+        messages: Sequence[RequestMessage],
+        tools: list[dict[str, Any]] | None,
+        limits: Mapping[str, int | None],
+        required_prefix_token_ids: Sequence[int] | None,
+        template_kwargs: Mapping[str, Any] | None,
+    ) -> tuple[list[int], int]:
+        """(prompt ids, output budget); RequestError(400) for messages without a prompt or a prompt with no room."""
+        try:
+            prompt = build_prompt(
+                self._tokenizer, messages, tools, self._eos_token_id, required_prefix_token_ids, template_kwargs
+            )
+        except PromptError as error:
+            raise RequestError(400, str(error)) from error
+        try:
+            return prompt, output_budget(limits, len(prompt), self._max_model_len)
+        except RequestError:
+            # The error's traceback keeps this frame, and so the ids, alive until the event loop has answered it:
+            # free a prompt of a million ids here, off the loop.
+            prompt.clear()
+            raise
+
+    def _choice(self, prompt: list[int], result: GenerationResult) -> Choice:
+        """The assistant message of `result`: text decoded and parsed into content and tool calls, token fields."""
         generated = list(result.token_ids)
         ends_with_eos = bool(generated) and generated[-1] == self._eos_token_id
         text = self._tokenizer.decode(generated[:-1] if ends_with_eos else generated, skip_special_tokens=False)
@@ -157,9 +215,10 @@ def create_policy_app(
 ) -> FastAPI:
     """The FastAPI app serving `generator` under `model_name` (routes: docs/gym-protocol.md, Policy server).
 
-    Handlers never block the event loop on the engine: they await the Generator's future, so concurrent HTTP
-    requests are queued together and share the engine's batches. `api_key` (when set) is required as
-    `Authorization: Bearer <key>` on every route but GET /health (readiness probes carry no key).
+    Handlers never block the event loop: body work runs on a pool of CPU_THREADS and the engine's future is
+    awaited, so concurrent HTTP requests are queued together and share the engine's batches. `api_key` (when
+    set) is required as `Authorization: Bearer <key>` on every route but GET /health (readiness probes carry no
+    key); without it, each server start prints one warning line.
     One function past 60 lines on purpose: its routes are closures over the one ChatEngine and model card, and
     the work of each lives in named functions (`check_sampling`, `ChatEngine.complete`, the response builders).
     """
@@ -168,8 +227,16 @@ def create_policy_app(
         raise ValueError("the tokenizer has no eos_token_id; the prefix splice counts end-of-turn tokens with it")
     if max_model_len < 2:
         raise ValueError(f"max_model_len={max_model_len} must be >= 2")
-    engine = ChatEngine(generator, tokenizer, eos_token_id, max_model_len)
-    app = FastAPI(title=f"asyncppo policy server ({model_name})")
+    executor = ThreadPoolExecutor(CPU_THREADS, thread_name_prefix=f"policy-server-{model_name}")
+    engine = ChatEngine(generator, tokenizer, eos_token_id, max_model_len, executor)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        warn_if_unauthenticated(api_key, f"the policy server of model {model_name!r}")
+        yield
+        executor.shutdown(wait=False, cancel_futures=True)  # a thread still tokenising is abandoned, not awaited
+
+    app = FastAPI(title=f"asyncppo policy server ({model_name})", lifespan=lifespan)
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, error: RequestError) -> JSONResponse:
@@ -190,23 +257,17 @@ def create_policy_app(
         card = {"id": model_name, "object": "model", "owned_by": "asyncppo", "max_model_len": max_model_len}
         return {"object": "list", "data": [card]}
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> TokenizeResponse:
-        body = parse_body(TokenizeRequest, await request.body())
-        if body.messages is not None:
-            tokens = tokenize_chat(tokenizer, body, eos_token_id)
-        else:
-            assert body.prompt is not None
-            tokens = list(tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
-        return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=max_model_len)
+    @app.post("/tokenize", response_model=TokenizeResponse)
+    async def tokenize(request: Request) -> Response:
+        return await off_loop(executor, tokenize_body, tokenizer, await request.body(), eos_token_id, max_model_len)
 
     def check_model(requested: str | None) -> None:
         if requested is not None and requested != model_name:
             raise RequestError(404, f"model {requested!r} is not served here; this server serves {model_name!r}")
 
-    @app.post("/v1/chat/completions", response_model_exclude_none=True)
-    async def chat_completions(request: Request) -> ChatCompletionResponse:
-        body = parse_body(ChatCompletionRequest, await request.body())
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, response_model_exclude_none=True)
+    async def chat_completions(request: Request) -> Response:
+        body = await off_loop(executor, parse_body, ChatCompletionRequest, await request.body())
         check_model(body.model)
         check_sampling(body, train_sampling, validation_sampling)
         assert body.temperature is not None and body.top_p is not None  # check_sampling requires both
@@ -218,28 +279,49 @@ def create_policy_app(
             required_prefix_token_ids=body.required_prefix_token_ids,
             template_kwargs=body.chat_template_kwargs,
         )
-        return chat_completion_response(choice, model_name)
+        answer = functools.partial(chat_completion_response, choice, model_name)
+        return await off_loop(executor, lambda: json_response(answer(), exclude_none=True))
 
-    @app.post("/v1/responses", response_model_exclude_none=True)
-    async def responses(request: Request) -> ResponsesResponse:
-        body = parse_body(ResponsesRequest, await request.body())
+    @app.post("/v1/responses", response_model=ResponsesResponse, response_model_exclude_none=True)
+    async def responses(request: Request) -> Response:
+        body = await off_loop(executor, parse_body, ResponsesRequest, await request.body())
         check_model(body.model)
         check_sampling(body, train_sampling, validation_sampling)
         assert body.temperature is not None and body.top_p is not None  # check_sampling requires both
-        try:
-            check_request(body)
-            messages, tools = chat_messages(body), chat_tools(body.tools)
-        except ResponsesInputError as error:
-            raise RequestError(400, str(error)) from error
+        messages, tools = await off_loop(executor, responses_chat_input, body)
         choice = await engine.complete(
             messages,
             tools,
             profile=SamplingProfile(body.temperature, body.top_p),
             limits={"max_output_tokens": body.max_output_tokens},
         )
-        return build_response(body, choice, model_name)
+        return await off_loop(
+            executor, lambda: json_response(build_response(body, choice, model_name), exclude_none=True)
+        )
 
     return app
+
+
+def responses_chat_input(body: ResponsesRequest) -> tuple[list[RequestMessage], list[dict[str, Any]] | None]:
+    """The chat messages and tools of a Responses request; RequestError(400) for input the conversion refuses."""
+    try:
+        check_request(body)
+        return chat_messages(body), chat_tools(body.tools)
+    except ResponsesInputError as error:
+        raise RequestError(400, str(error)) from error
+
+
+def tokenize_body(tokenizer: PreTrainedTokenizerBase, raw: bytes, eos_token_id: int, max_model_len: int) -> Response:
+    """The answer of POST /tokenize to the body `raw`: the chat form's ids (`tokenize_chat`) or the prompt's."""
+    body = parse_body(TokenizeRequest, raw)
+    if body.messages is not None:
+        tokens = tokenize_chat(tokenizer, body, eos_token_id)
+    else:
+        assert body.prompt is not None
+        tokens = encode_text(tokenizer, body.prompt, body.add_special_tokens)
+    return json_response(
+        TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=max_model_len), exclude_none=False
+    )
 
 
 def chat_completion_response(choice: Choice, model_name: str) -> ChatCompletionResponse:
@@ -279,18 +361,45 @@ def _floored(logprob: float) -> float:
     return LOGPROB_FLOOR if math.isinf(logprob) or logprob < LOGPROB_FLOOR else logprob
 
 
-class PolicyServer:
-    """Runs an app with uvicorn on a background thread, on a port reserved at construction.
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on (host, port), made with proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on the
+    connections of such a socket (`socket.create_server` makes proto 0), and without it each answer that uvicorn
+    writes in two parts (head, then body) waits about 40 ms for the client's delayed ACK (Nagle's algorithm)."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socket.create_server does on POSIX
+        listener.bind((host, port))
+        listener.listen()
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
-    The listening socket is bound in __init__, so `url` can be handed to Gym before the model is loaded and
-    start() is called (clients then wait on a port that exists). start() returns once GET /health
-    answers; stop() shuts uvicorn down, joins the thread and closes the socket, freeing the port.
+
+class PolicyServer:
+    """Runs an app with uvicorn on a background thread, on a port reserved at construction, under `limits`.
+
+    The runner of the policy server and of every built-in gym server. The listening socket is bound in __init__,
+    so `url` can be handed to Gym before the model is loaded and start() is called (clients then wait on a port
+    that exists). Every request passes `request_limits.BoundedApp` (body cap, deadline, quiet hang-ups).
+    start() returns once GET /health answers; stop() shuts uvicorn down (running requests get `stop_grace_s`,
+    then a 503), joins the thread and closes the socket, freeing the port.
     """
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._socket = socket.create_server((host, port))
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        limits: ServerLimits = DEFAULT_LIMITS,
+        stop_grace_s: int = STOP_GRACE_S,
+    ) -> None:
+        self._socket = listening_socket(host, port)
         self._host, self._port = host, self._socket.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        config = uvicorn.Config(
+            BoundedApp(app, limits), log_level="warning", access_log=False, timeout_graceful_shutdown=stop_grace_s
+        )
+        self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, name=f"policy-server-{self._port}", daemon=True
         )
@@ -303,6 +412,12 @@ class PolicyServer:
     @property
     def port(self) -> int:
         return self._port
+
+    @property
+    def requests_received(self) -> int:
+        """HTTP requests received since start (uvicorn's own count, GET /health included): the trainer reads it to
+        tell a gym whose model server never calls this server from one that is only slow."""
+        return self._server.server_state.total_requests
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Start serving and wait until /health answers; RuntimeError if it does not within `timeout_s`."""

@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncppo.generation.protocol import Generator
 from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.gym.request_limits import ServerLimits
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.types import SamplingProfile
 
@@ -31,6 +32,8 @@ class PolicyServerSettings:
     api_key: str | None
     port: int
     """0 = a free port; otherwise host rank i listens on port + i."""
+    limits: ServerLimits
+    """Body cap and per-request deadline."""
 
 
 def start_policy_server(
@@ -38,9 +41,10 @@ def start_policy_server(
     settings: PolicyServerSettings,
     rank: int,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    port: int | None = None,
 ) -> PolicyServer:
-    """Serve `generator` on 127.0.0.1 (the tokenizer at settings.tokenizer_path unless given); returns once
-    /health answers. OSError when the port cannot be bound."""
+    """Serve `generator` on 127.0.0.1 (the tokenizer at settings.tokenizer_path unless given), on `port` when given,
+    else as settings.port says; returns once /health answers. OSError when the port cannot be bound."""
     app = create_policy_app(
         generator,
         tokenizer if tokenizer is not None else load_tokenizer(settings.tokenizer_path),
@@ -50,6 +54,8 @@ def start_policy_server(
         max_model_len=settings.max_model_len,
         api_key=settings.api_key,
     )
-    server = PolicyServer(app, host=HOST, port=settings.port + rank if settings.port else 0)
+    if port is None:
+        port = settings.port + rank if settings.port else 0
+    server = PolicyServer(app, host=HOST, port=port, limits=settings.limits)
     server.start()
     return server

@@ -6,12 +6,15 @@ uvicorn thread on a free 127.0.0.1 port (the PolicyServer runner, which works fo
     GymClient --GET config--> head --> {<env>_simple_agent: url}
     GymClient --POST /run--> <env>_simple_agent --> <env> resources server, policy server at model_base_url
 
-With `api_key` set, every server requires it on every route but GET /health, as the policy server does.
+With `api_key` set, every server requires it on every route but GET /health, as the policy server does; without
+it, the launch prints one warning line. Every server runs under the same `ServerLimits` as the policy server.
 """
 
 from collections.abc import Iterable, Sequence
 
+from asyncppo.gym.auth import warn_if_unauthenticated
 from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.request_limits import DEFAULT_LIMITS, ServerLimits
 from asyncppo.gym.servers.agent import create_simple_agent_app
 from asyncppo.gym.servers.head import create_head_app, gym_config
 from asyncppo.gym.servers.resources import create_resources_app
@@ -64,6 +67,7 @@ def launch_builtin_gym(
     max_steps: int,
     model_name: str = "policy",
     api_key: str | None = None,
+    limits: ServerLimits = DEFAULT_LIMITS,
 ) -> BuiltinGym:
     """Start head, agents and resources servers; returns once all answer /health.
 
@@ -71,20 +75,23 @@ def launch_builtin_gym(
     (one per generator worker; agents spread rollouts over them); `resources` names
     built-in environments (see `resources.RESOURCES_APPS`), one agent each, named by `agent_instance_name`.
     `api_key` (env.gym.api_key): the bearer key the policy server checks; head, agents and resources servers
-    require it too, and the agents send it on.
+    require it too, and the agents send it on. `limits`: body cap and request deadline of every server.
     """
     if not resources or len(set(resources)) != len(resources):
         raise ValueError(f"resources must name distinct built-in environments, got {list(resources)}")
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     # Sockets are bound at construction, so every port is known before any app (the head's config) is built.
-    resources_servers = {name: PolicyServer(create_resources_app(name, api_key), host=HOST) for name in resources}
+    resources_servers = {
+        name: PolicyServer(create_resources_app(name, api_key), host=HOST, limits=limits) for name in resources
+    }
     agents = {
         agent_instance_name(name): PolicyServer(
             create_simple_agent_app(
                 model_base_url, _root_url(server), model_name=model_name, max_steps=max_steps, api_key=api_key
             ),
             host=HOST,
+            limits=limits,
         )
         for name, server in resources_servers.items()
     }
@@ -95,7 +102,7 @@ def launch_builtin_gym(
         model_base_url=model_base_url if isinstance(model_base_url, str) else list(model_base_url),
         max_steps=max_steps,
     )
-    head = PolicyServer(create_head_app(config, api_key), host=HOST)
+    head = PolicyServer(create_head_app(config, api_key), host=HOST, limits=limits)
     config["head_server"]["port"] = head.port  # known only once the head's socket is bound
     gym = BuiltinGym(head, agents, resources_servers)
     try:
@@ -104,6 +111,10 @@ def launch_builtin_gym(
     except RuntimeError:
         gym.stop()  # stopping a server that never started just releases its port
         raise
+    environments = ", ".join(resources)
+    warn_if_unauthenticated(
+        api_key, f"the built-in gym servers (head {gym.head_url}, agents and resources: {environments})"
+    )
     return gym
 
 
