@@ -14,7 +14,7 @@ from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.rollout.rewards import RewardFunctionError, exact_match_reward
-from asyncppo.rollout.single_turn import render_prompt, run_single_turn_rollouts
+from asyncppo.rollout.single_turn import render_prompt, run_single_turn_groups, run_single_turn_rollouts
 from asyncppo.types import MessageSpan, Trajectory, collate_trajectories
 
 TEMPERATURE = 0.8
@@ -183,9 +183,73 @@ def test_a_nan_reward_fails_the_rollout_naming_the_reward_function_and_the_row(
         return float("nan") if row["id"] == "b" else 1.0
 
     with pytest.raises(
-        RewardFunctionError, match=r"flaky_reward returned nan for row 1 \(prompt group 101, sample 0\)"
+        RewardFunctionError, match=r"flaky_reward returned nan \(a float\) for row 1 \(prompt group 101, sample 0\)"
     ):
         rollouts(engine, tokenizer, ROWS, reward_fn=flaky_reward)
+
+
+def _group_outcomes(engine: HFGenerator, tokenizer: PreTrainedTokenizerBase, reward_fn: Any, max_failed: int | None):
+    return run_single_turn_groups(
+        engine,
+        tokenizer,
+        [{**ROWS[0], "id": row_id} for row_id in "abcd"],
+        num_generations_per_prompt=2,
+        sampling=SamplingParams(temperature=TEMPERATURE, max_new_tokens=3),
+        reward_fn=reward_fn,
+        group_id_start=10,
+        system_prompt=None,
+        prompt_key="prompt",
+        messages_key="messages",
+        max_prompt_tokens=256,
+        reward_timeout_s=5.0,
+        max_failed_groups=max_failed,
+    )
+
+
+def test_a_failing_reward_fails_only_its_own_group(engine: HFGenerator, tokenizer: PreTrainedTokenizerBase) -> None:
+    scored: list[str] = []
+
+    def fails_on_b(text: str, row: Mapping[str, Any]) -> float:
+        scored.append(row["id"])
+        if row["id"] == "b":
+            raise ValueError("cannot grade b")
+        return 1.0
+
+    outcomes = _group_outcomes(engine, tokenizer, fails_on_b, max_failed=None)
+    assert [type(outcome).__name__ for outcome in outcomes] == ["list", "RewardFunctionError", "list", "list"]
+    assert str(outcomes[1]).startswith(
+        f"reward function {__name__}.test_a_failing_reward_fails_only_its_own_group.<locals>.fails_on_b raised "
+        "ValueError: cannot grade b for row 1 (prompt group 11, sample 0); row: "
+    )
+    assert [[t.group_id for t in outcome] for outcome in outcomes if isinstance(outcome, list)] == [
+        [10, 10],
+        [12, 12],
+        [13, 13],
+    ]
+    assert scored == ["a", "a", "b", "c", "c", "d", "d"]  # the failed group's second sample is not scored
+
+
+def test_past_the_failure_allowance_the_remaining_groups_are_left_unscored(
+    engine: HFGenerator, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    scored: list[str] = []
+
+    def fails_on_a_and_b(text: str, row: Mapping[str, Any]) -> float:
+        scored.append(row["id"])
+        if row["id"] in "ab":
+            raise ValueError("no")
+        return 1.0
+
+    outcomes = _group_outcomes(engine, tokenizer, fails_on_a_and_b, max_failed=1)
+    # Group a fails (1 of 1 allowed), b fails (over the allowance): c and d are never handed to the function.
+    assert [type(outcome).__name__ for outcome in outcomes] == [
+        "RewardFunctionError",
+        "RewardFunctionError",
+        "UnscoredGroupError",
+        "UnscoredGroupError",
+    ]
+    assert str(outcomes[2]) == "prompt group 12 was not scored: 2 groups failed"
+    assert scored == ["a", "b"]
 
 
 def test_a_row_budget_field_sets_each_samples_max_new_tokens_capped_by_the_profile(

@@ -208,6 +208,11 @@ class PPOConfig(Section):
     """Samples per validation prompt; more samples make a sampled validation reward less noisy."""
     seed: int = Field(default=42, ge=0, le=2**63 - 1)
     """Seed of every random number generator of the run."""
+    max_failed_groups_per_step: NonNegativeInt = 0
+    """Runs without the gym: prompt groups whose reward function may fail (raise, return a value that is not a finite
+    number, or run past env.reward_timeout_s) while one step's batch is filled, and per validation; each is dropped
+    and replaced. One more stops the run with one line naming the function; 0 = the first failure stops it. Gym runs:
+    env.gym.max_failed_groups_per_step."""
     use_dynamic_sampling: bool = False
     """DAPO dynamic sampling (sync runs): keep only groups whose rewards differ; more batches fill the step."""
     dynamic_sampling_max_gen_batches: PositiveInt = 10

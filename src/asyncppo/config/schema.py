@@ -144,6 +144,12 @@ class RunConfig(Section):
                 "must be null with env.should_use_nemo_gym: gym rollouts stop on the chat template's end-of-turn "
                 "token, and agents never send stop sequences",
             )
+        if self.ppo.provided("max_failed_groups_per_step"):
+            raise RuleError(
+                "ppo.max_failed_groups_per_step",
+                "applies to reward-function runs only: with env.should_use_nemo_gym the failure budget is "
+                "env.gym.max_failed_groups_per_step; set that instead",
+            )
         if self.data.max_new_tokens_key is not None:
             raise RuleError(
                 "data.max_new_tokens_key",

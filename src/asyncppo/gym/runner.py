@@ -7,12 +7,15 @@ GymClient, so every caller shares its connection pool and its concurrency bound:
     caller thread: run_groups(rows, group_ids) --run_coroutine_threadsafe--> loop thread: GymClient.run_group x N
                    <-- one outcome per row: its Trajectories (reward penalties applied), or the Exception
 
-A group's failure is returned as a value, not raised: the sources replace failed groups within a budget.
+A group's failure is returned as a value, not raised: the sources replace failed groups within a budget. With
+`PolicyTraffic`, a rollout that missed its deadline while no request reached the run's policy servers says so, with
+their addresses (an external gym whose model server calls another port would otherwise only time out, unexplained).
 """
 
 import asyncio
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig
-from asyncppo.gym.client import GymClient
+from asyncppo.gym.client import GymClient, RolloutDeadlineError
 from asyncppo.gym.results import InvalidResultError
 from asyncppo.rollout.penalties import apply_reward_penalties
 from asyncppo.types import SamplingProfile, Trajectory
@@ -28,6 +31,9 @@ from asyncppo.types import SamplingProfile, Trajectory
 T = TypeVar("T")
 # Seconds close() waits for the loop thread to finish the client's shutdown.
 CLOSE_TIMEOUT_S = 10.0
+# Seconds a reading of the policy servers' request count serves as the count before a later call's rollouts: an older
+# reading only widens the window in which no request arrived, so the claim stays true.
+TRAFFIC_READING_REUSE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,21 @@ class GymClientSettings:
 GroupOutcome = list[Trajectory] | Exception
 
 
+@dataclass(frozen=True)
+class PolicyTraffic:
+    """The run's policy servers as the gym must call them, and a count of the requests they have received."""
+
+    urls: Sequence[str]
+    """Their OpenAI base URLs (`http://127.0.0.1:PORT/v1`), one per generation host."""
+    requests_received: Callable[[], int | None]
+    """HTTP requests they have received so far, summed; None when it cannot be read now."""
+
+
+class PolicyServerNotCalledError(RolloutDeadlineError):
+    """A rollout missed its deadline and no request reached any of the run's policy servers meanwhile: the gym's
+    model server calls some other address (or none)."""
+
+
 class GymRolloutRunner:
     """Runs prompt groups through gym agents from any thread; `close()` ends the loop thread and the client."""
 
@@ -59,9 +80,15 @@ class GymRolloutRunner:
         decode: Callable[[Sequence[int]], str],
         policy_version: Callable[[], int],
         results_log: Path | None = None,
+        policy_traffic: PolicyTraffic | None = None,
     ) -> None:
         """`policy_version()` is the weight version the generators hold now (stamped on each trajectory);
-        `results_log`: append every raw `/run` result there as one JSON line (env.should_log_nemo_gym_responses)."""
+        `results_log`: append every raw `/run` result there as one JSON line (env.should_log_nemo_gym_responses);
+        `policy_traffic`: the policy servers, whose request count tells a deadline miss the gym never called them in
+        (PolicyServerNotCalledError) from one that was only slow."""
+        self._traffic = policy_traffic
+        self._traffic_lock = threading.Lock()
+        self._traffic_reading: tuple[float, int] | None = None  # (monotonic time, count) of the last reading
         self._results_log = results_log.open("a", encoding="utf-8") if results_log is not None else None
         self._log_lock = threading.Lock()
         self._penalties = penalties
@@ -109,7 +136,43 @@ class GymRolloutRunner:
         """Every row's group of `num_generations` rollouts, run concurrently; one outcome per row, in order."""
         if len(rows) != len(group_ids):
             raise ValueError(f"run_groups: {len(rows)} rows but {len(group_ids)} group ids")
-        return self._call(self._run_groups(rows, group_ids, num_generations, validation))
+        received_before = self._requests_received(reuse=True)
+        outcomes = self._call(self._run_groups(rows, group_ids, num_generations, validation))
+        if received_before is None or not any(isinstance(outcome, RolloutDeadlineError) for outcome in outcomes):
+            return outcomes
+        if self._requests_received(reuse=False) != received_before:
+            return outcomes  # the gym did call the policy servers: these rollouts were only slow
+        return [
+            self._not_called(outcome) if isinstance(outcome, RolloutDeadlineError) else outcome for outcome in outcomes
+        ]
+
+    def _requests_received(self, *, reuse: bool) -> int | None:
+        """The policy servers' request count: a fresh reading, or with `reuse` one up to TRAFFIC_READING_REUSE_S old
+        (a reading costs a call into every generation host)."""
+        if self._traffic is None:
+            return None
+        with self._traffic_lock:
+            reading = self._traffic_reading
+        now = time.monotonic()
+        if reuse and reading is not None and now - reading[0] <= TRAFFIC_READING_REUSE_S:
+            return reading[1]
+        count = self._traffic.requests_received()
+        if count is not None:
+            with self._traffic_lock:
+                self._traffic_reading = (now, count)
+        return count
+
+    def _not_called(self, error: RolloutDeadlineError) -> PolicyServerNotCalledError:
+        assert self._traffic is not None
+        urls = list(self._traffic.urls)
+        servers = f"the policy server {urls[0]}" if len(urls) == 1 else f"the policy servers {', '.join(urls)}"
+        self._count("policy_server_not_called")
+        failure = PolicyServerNotCalledError(
+            f"{error}; no request reached {servers} while it ran: the gym's model server must call that address "
+            "(env.gym.policy_server_port fixes the port; 0 picks a free one each run)"
+        )
+        failure.__cause__ = error
+        return failure
 
     async def _run_groups(
         self, rows: Sequence[Mapping[str, Any]], group_ids: Sequence[int], num_generations: int, validation: bool
@@ -167,7 +230,8 @@ class GymRolloutRunner:
         """Cumulative counters since start: the client's `gym/*` (rollouts, retries, failures by kind, judge
         failures) plus `gym/failed_groups`, `gym/invalid_results` (failed groups whose agent answered with an
         unusable result: non-finite reward or logprob, missing or mistyped field), `gym/invalid_tool_calls` (rollouts
-        flagged by env.gym.invalid_tool_call_patterns, when it lists any) and `gym/penalties/<name>`."""
+        flagged by env.gym.invalid_tool_call_patterns, when it lists any), `gym/penalties/<name>` and
+        `gym/policy_server_not_called` (deadline misses while no request reached the policy servers)."""
         with self._counter_lock:
             own = {f"gym/{name}": float(count) for name, count in self._counters.items()}
         return {**self._client.metrics(), **own}

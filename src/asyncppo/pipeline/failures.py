@@ -35,6 +35,12 @@ class StepFailureBudget:
             return self._count
 
     @property
+    def remaining(self) -> int:
+        """Failures the step being filled may still absorb (0: the next one stops the run)."""
+        with self._lock:
+            return max(0, self.max_failures - self._count)
+
+    @property
     def total(self) -> int:
         """Failures over the life of this budget (the run since its start or resume)."""
         with self._lock:

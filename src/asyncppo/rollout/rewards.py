@@ -1,18 +1,22 @@
 """Reward functions for single-turn rollouts: `(response_text, row) -> float`, and resolving one from a spec.
 
-`run_single_turn_rollouts` calls them once per generation (from the collector's threads in async runs), through
-`checked_reward`, which turns a non-number or a non-finite reward into a RewardFunctionError naming the function
-and the row; the trainer's pre-flight turns the config's `reward_function` string into a callable with
-`load_reward_function` (which checks the module imports and the signature fits).
+`run_single_turn_rollouts` calls them once per generation through `checked_reward`, each call on a thread of its own
+under a deadline (env.reward_timeout_s): an exception, a late answer or a result that is not a finite number becomes
+a RewardFunctionError naming the function and the row, which fails that prompt group. The trainer's pre-flight turns
+the config's `reward_function` string into a callable with `load_reward_function` (which checks the module imports
+and the signature fits).
 """
 
 import importlib
 import inspect
+import logging
 import math
+import numbers
 import re
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +24,16 @@ try:  # optional: symbolic comparison of LaTeX / expressions (pip package `math-
     import math_verify
 except ImportError:  # pragma: no cover - exercised only where the package is absent
     math_verify = None
+else:
+    # math-verify warns (once) that it runs without its own timeout off the main thread. In training every reward call
+    # runs off it on purpose, bounded by env.reward_timeout_s instead (checked_reward), so the warning is only noise.
+    for _logger_name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(_logger_name).addFilter(lambda record: "Timeout is disabled" not in record.getMessage())
 
 RewardFunction = Callable[[str, Mapping[str, Any]], float]
 
-# math-verify's timeouts use signal.alarm, which only works on the main thread; elsewhere we run without one.
+# math-verify's timeouts use signal.alarm, which only works on the main thread; elsewhere we run without one (so in
+# training, where checked_reward calls every reward function on a thread of its own, env.reward_timeout_s bounds it).
 _MATH_VERIFY_TIMEOUT_SECONDS = 5
 _BOXED = "\\boxed{"
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
@@ -33,29 +43,104 @@ _ROW_QUOTE_CHARS = 120
 
 
 class RewardFunctionError(ValueError):
-    """A reward function returned something other than a finite number; names the function and the row."""
+    """A reward function failed on one row: it raised, returned something other than a finite number, or ran past its
+    deadline. The message names the function and the row (one line)."""
 
 
-def checked_reward(reward_fn: RewardFunction, response_text: str, row: Mapping[str, Any], where: str) -> float:
-    """`reward_fn(response_text, row)` as a float; RewardFunctionError unless it is a finite number.
+class RewardTimeoutError(RewardFunctionError, TimeoutError):
+    """A reward function did not return within its deadline (env.reward_timeout_s)."""
 
-    `where` names the row for the message (e.g. "row 3 (prompt group 17)"). A NaN or infinite reward would
-    otherwise pass through the advantages into the loss and fail far from its cause.
+
+def checked_reward(
+    reward_fn: RewardFunction,
+    response_text: str,
+    row: Mapping[str, Any],
+    where: str,
+    timeout_s: float | None = None,
+) -> float:
+    """`reward_fn(response_text, row)` as a float; RewardFunctionError naming the function and the row unless it
+    returns a finite int, float or bool (numpy's scalar numbers too) within `timeout_s` seconds (None: no deadline).
+
+    `where` names the row for the message (e.g. "row 3 (prompt group 17, sample 0)"). A NaN or infinite reward would
+    otherwise pass through the advantages into the loss and fail far from its cause, and a string such as "1.0" is a
+    mistake in the function even where float() would read it. An exception the function raises becomes a
+    RewardFunctionError with it as the cause. With a deadline the call runs on a daemon thread of its own: Python
+    cannot stop a thread, so a call past the deadline is abandoned there (it runs on until it returns, its result
+    discarded, and ends with the process at the latest), and the caller gets a RewardTimeoutError at the deadline.
     """
-    value = reward_fn(response_text, row)
     try:
-        reward = float(value)
-    except (TypeError, ValueError, OverflowError):
-        reward = None
-    if reward is None or not math.isfinite(reward):
-        name = f"{getattr(reward_fn, '__module__', '?')}.{getattr(reward_fn, '__qualname__', repr(reward_fn))}"
-        row_text = repr(dict(row))
-        if len(row_text) > _ROW_QUOTE_CHARS:
-            row_text = row_text[:_ROW_QUOTE_CHARS] + "..."
-        raise RewardFunctionError(
-            f"reward function {name} returned {value!r} for {where}, expected a finite number; row: {row_text}"
-        )
-    return reward
+        if timeout_s is None:
+            value = reward_fn(response_text, row)
+        else:
+            value = _call_with_deadline(reward_fn, response_text, row, timeout_s)
+    except _Deadline:
+        raise RewardTimeoutError(
+            f"reward function {_name(reward_fn)} did not return within env.reward_timeout_s={timeout_s} s for {where} "
+            f"(the call is abandoned on its thread); row: {_quote(row)}"
+        ) from None
+    except Exception as error:  # the user's function: whatever it raises fails this row's group, named
+        raise _failure(reward_fn, f"raised {_one_line(error)}", where, row) from error
+    if isinstance(value, numbers.Real):  # int, float, bool, Fraction, numpy's scalars; not str, None or arrays
+        try:
+            reward = float(value)
+        except OverflowError:  # an int beyond float's range
+            reward = math.inf
+        if math.isfinite(reward):
+            return reward
+    returned = f"returned {_quote(value, 60)} (a {type(value).__name__})"
+    raise _failure(reward_fn, returned, where, row, ", expected a finite number (int, float or bool)")
+
+
+class _Deadline(Exception):
+    """The deadline of `_call_with_deadline` passed."""
+
+
+def _call_with_deadline(reward_fn: RewardFunction, response_text: str, row: Mapping[str, Any], timeout_s: float) -> Any:
+    """`reward_fn(response_text, row)` on a daemon thread: its result or its exception, or _Deadline after
+    `timeout_s` seconds."""
+    outcome: Future[Any] = Future()
+
+    def call() -> None:
+        try:
+            outcome.set_result(reward_fn(response_text, row))
+        except BaseException as error:  # handed to the caller's thread, which raises it there
+            outcome.set_exception(error)
+
+    threading.Thread(target=call, name=f"reward {_name(reward_fn)}", daemon=True).start()
+    finished, _ = wait([outcome], timeout=timeout_s)
+    if not finished:
+        raise _Deadline
+    return outcome.result()
+
+
+def _failure(
+    reward_fn: RewardFunction, what: str, where: str, row: Mapping[str, Any], expected: str = ""
+) -> RewardFunctionError:
+    return RewardFunctionError(f"reward function {_name(reward_fn)} {what} for {where}{expected}; row: {_quote(row)}")
+
+
+def _name(reward_fn: RewardFunction) -> str:
+    """`module.qualname` of a function; the repr of other callables (a partial, an object with __call__)."""
+    qualname = getattr(reward_fn, "__qualname__", None)
+    if qualname is None:
+        return _quote(reward_fn, 80)
+    return f"{getattr(reward_fn, '__module__', '?')}.{qualname}"
+
+
+def _one_line(error: BaseException) -> str:
+    """`Type: message`, the message on one line and shortened."""
+    message = _quote_text(str(error), _ROW_QUOTE_CHARS)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def _quote(value: object, limit: int = _ROW_QUOTE_CHARS) -> str:
+    """repr(value) on one line (a row: the dict's repr), cut at `limit` characters."""
+    return _quote_text(repr(dict(value) if isinstance(value, Mapping) else value), limit)
+
+
+def _quote_text(text: str, limit: int) -> str:
+    one_line = " ".join(text.split())  # numpy arrays and tracebacks print over several lines
+    return one_line if len(one_line) <= limit else one_line[:limit] + "..."
 
 
 def reference_answer(row: Mapping[str, Any]) -> str:

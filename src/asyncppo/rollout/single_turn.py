@@ -1,6 +1,8 @@
 """Single-turn rollouts: chat-render each dataset row, sample G answers per prompt, score them, build Trajectories.
 
-Called by the sync batch source and the async collector (one call per prompt group or per step).
+Called by the sync batch source and the async collector (one call per prompt group or per step), through the
+trainer's rollout functions (`trainer/run_inputs.py`), which take one outcome per prompt group: a group whose
+reward function fails is answered with its RewardFunctionError, to be replaced within the run's failure budget.
 
     rows --chat template--> prompt ids --Generator (G x rows requests at once)--> results --reward_fn--> Trajectories
          --max_new_tokens_key (optional)--> each request's own token budget
@@ -15,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from asyncppo.data.prompt_files import fill_prompt_template
 from asyncppo.data.response_budgets import row_token_budgets
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult, SamplingParams, SupportsGenerate
-from asyncppo.rollout.rewards import RewardFunction, checked_reward
+from asyncppo.rollout.rewards import RewardFunction, RewardFunctionError, checked_reward
 from asyncppo.types import MessageSpan, Role, Trajectory
 
 ROLES: tuple[str, ...] = get_args(Role)
@@ -77,6 +79,14 @@ def render_prompt(
     return prompt_ids, spans
 
 
+GroupOutcome = list[Trajectory] | Exception
+"""One prompt group's Trajectories, or the error that failed it (as pipeline/sources.py's GroupOutcome)."""
+
+
+class UnscoredGroupError(RuntimeError):
+    """A prompt group left unscored because more groups of its call had failed than the caller allows."""
+
+
 def run_single_turn_rollouts(
     generator: SupportsGenerate,
     tokenizer: PreTrainedTokenizerBase,
@@ -92,16 +102,68 @@ def run_single_turn_rollouts(
     max_prompt_tokens: int,
     max_new_tokens_key: str | None = None,
     prompt_template: str | None = None,
+    reward_timeout_s: float | None = None,
 ) -> list[Trajectory]:
-    """G = num_generations_per_prompt Trajectories per row, row-major: row i's sample j is at i * G + j.
+    """Every group of `run_single_turn_groups` (same arguments), flattened in row-major order; the first group's
+    failure (a RewardFunctionError) is raised instead."""
+    outcomes = run_single_turn_groups(
+        generator,
+        tokenizer,
+        rows,
+        num_generations_per_prompt=num_generations_per_prompt,
+        sampling=sampling,
+        reward_fn=reward_fn,
+        group_id_start=group_id_start,
+        system_prompt=system_prompt,
+        prompt_key=prompt_key,
+        messages_key=messages_key,
+        max_prompt_tokens=max_prompt_tokens,
+        max_new_tokens_key=max_new_tokens_key,
+        prompt_template=prompt_template,
+        reward_timeout_s=reward_timeout_s,
+        max_failed_groups=0,
+    )
+    trajectories: list[Trajectory] = []
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            raise outcome
+        trajectories.extend(outcome)
+    return trajectories
+
+
+def run_single_turn_groups(
+    generator: SupportsGenerate,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    num_generations_per_prompt: int,
+    sampling: SamplingParams,
+    reward_fn: RewardFunction,
+    group_id_start: int,
+    system_prompt: str | None,
+    prompt_key: str,
+    messages_key: str,
+    max_prompt_tokens: int,
+    max_new_tokens_key: str | None = None,
+    prompt_template: str | None = None,
+    reward_timeout_s: float | None = None,
+    max_failed_groups: int | None = None,
+) -> list[GroupOutcome]:
+    """One outcome per row, in order: its G = num_generations_per_prompt Trajectories, or the error that failed it.
 
     Row i gets group_id = group_id_start + i. Every prompt is rendered and length-checked (and its response
     budgets read) before anything is submitted; then all requests go to the generator in one `generate` call so
-    they can share batches. With `max_new_tokens_key`, sample j of row i generates at most
-    min(row_token_budgets(...)[j], sampling.max_new_tokens) tokens. The reward is reward_fn(response text decoded
-    without special tokens, row); task = the row minus the prompt/messages field (a budget field stays in it).
+    they can share batches (a prompt or generation error raises: it fails the whole call). With `max_new_tokens_key`,
+    sample j of row i generates at most min(row_token_budgets(...)[j], sampling.max_new_tokens) tokens. The reward
+    is reward_fn(response text decoded without special tokens, row), through `checked_reward` with the deadline
+    `reward_timeout_s`; task = the row minus the prompt/messages field (a budget field stays in it).
     Plain-text prompts get `system_prompt` and `prompt_template` (`prompt_messages`); the row the reward function
     sees keeps the prompt as the data holds it.
+
+    A group's first failing reward (RewardFunctionError) is its outcome, and its later samples are not scored. Once
+    more than `max_failed_groups` (None: no limit) groups have failed, the rows after are answered with
+    UnscoredGroupError without calling the function: a function that hangs would cost a deadline per row when the
+    caller stops at the first failure beyond its budget anyway.
     """
     if num_generations_per_prompt < 1:
         raise ValueError(f"num_generations_per_prompt must be >= 1, got {num_generations_per_prompt}")
@@ -129,18 +191,30 @@ def run_single_turn_rollouts(
         ]
     )
 
-    trajectories = []
+    outcomes: list[GroupOutcome] = []
+    num_failed = 0
     for index, (row, (prompt_ids, spans)) in enumerate(zip(rows, rendered, strict=True)):
+        group_id = group_id_start + index
+        if max_failed_groups is not None and num_failed > max_failed_groups:
+            outcomes.append(UnscoredGroupError(f"prompt group {group_id} was not scored: {num_failed} groups failed"))
+            continue
         task = {key: value for key, value in row.items() if key not in (prompt_key, messages_key)}
+        group: list[Trajectory] = []
         for sample_index in range(num_generations_per_prompt):
             result = results[index * num_generations_per_prompt + sample_index]
             response_text = tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
             assert isinstance(response_text, str), "decoding one sequence gives one string"
-            group_id = group_id_start + index
             where = f"row {index} (prompt group {group_id}, sample {sample_index})"
-            reward = checked_reward(reward_fn, response_text, row, where)
-            trajectories.append(_trajectory(prompt_ids, spans, result, reward, task, group_id, sample_index))
-    return trajectories
+            try:
+                reward = checked_reward(reward_fn, response_text, row, where, reward_timeout_s)
+            except RewardFunctionError as error:  # fault tolerance is the point: the caller counts or raises it
+                outcomes.append(error)
+                num_failed += 1
+                break
+            group.append(_trajectory(prompt_ids, spans, result, reward, task, group_id, sample_index))
+        else:
+            outcomes.append(group)
+    return outcomes
 
 
 def _checked_prompt(

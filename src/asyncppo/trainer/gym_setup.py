@@ -1,7 +1,9 @@
 """Training through the gym: policy servers on the generation hosts, the gym servers, and the rollout functions.
 
-`trainer/run_inputs.py` (start_rollouts) calls `start_gym_rollouts` for gym runs (`env.should_use_nemo_gym`):
+`trainer/run_inputs.py` (start_rollouts) calls `start_gym_rollouts` for gym runs (`env.should_use_nemo_gym`); before
+that, `trainer/build.py` (start_run) and critic collection call `wait_for_external_gym`, before any process starts:
 
+    launch: external: each configured URL probed --silent--> one line, a wait (env.gym.startup_timeout_s) or exit 2
     generation hosts: serve_http -> policy server URLs --(launch: builtin)--> launch_builtin_gym(head, agents, envs)
     GymRolloutRunner(head URL or agent URLs) --> train outcomes (sync source, async collector) and validation
 """
@@ -12,15 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from asyncppo.config import RunConfig
+from asyncppo.config import ConfigError, RunConfig
 from asyncppo.generation.protocol import SupportsGenerate
-from asyncppo.gym.runner import GroupOutcome, GymClientSettings, GymRolloutRunner
+from asyncppo.gym.reachability import GymUnreachableError, wait_until_reachable
+from asyncppo.gym.request_limits import server_limits
+from asyncppo.gym.runner import GroupOutcome, GymClientSettings, GymRolloutRunner, PolicyTraffic
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.tokenizer import decode_ids
 from asyncppo.pipeline.sources import GroupRolloutFn
 from asyncppo.trainer.setup import RunSetup
 from asyncppo.types import Trajectory
 from asyncppo.workers.policy_http import PolicyServerSettings
+from asyncppo.workers.ray_host import WorkerCallError
 
 log = logging.getLogger(__name__)
 Row = dict[str, Any]
@@ -31,6 +36,8 @@ class RolloutGenerators(SupportsGenerate, Protocol):
     gym reaches it over HTTP; reward-function rollouts call `generate`."""
 
     def serve_http(self, settings: PolicyServerSettings) -> list[str]: ...
+
+    def policy_requests_received(self) -> int: ...
 
 
 def policy_server_settings(config: RunConfig, tokenizer_path: str) -> PolicyServerSettings:
@@ -43,6 +50,7 @@ def policy_server_settings(config: RunConfig, tokenizer_path: str) -> PolicyServ
         max_model_len=config.model.max_total_sequence_length,
         api_key=gym.api_key,
         port=gym.policy_server_port,
+        limits=server_limits(gym),
     )
 
 
@@ -90,7 +98,12 @@ def start_gym_rollouts(
     builtin = None
     if gym.launch == "builtin":
         builtin = launch_builtin_gym(
-            urls, resources=gym.resources, max_steps=gym.max_steps, model_name=gym.model_name, api_key=gym.api_key
+            urls,
+            resources=gym.resources,
+            max_steps=gym.max_steps,
+            model_name=gym.model_name,
+            api_key=gym.api_key,
+            limits=server_limits(gym),
         )
     client_settings = GymClientSettings(
         # Built-in agents are found through their head server too: the same lookup as against an external gym.
@@ -112,6 +125,8 @@ def start_gym_rollouts(
             decode=decode,
             policy_version=policy_version,
             results_log=results_log,
+            # An external gym is pointed at the policy servers by hand: a deadline miss then says whether it called.
+            policy_traffic=PolicyTraffic(urls, lambda: _requests_received(generator)) if builtin is None else None,
         )
         try:
             print(f"gym: policy servers {urls}; agents {runner.agent_urls()}", flush=True)
@@ -123,3 +138,47 @@ def start_gym_rollouts(
             builtin.stop()
         raise
     return GymRollouts(runner=runner, builtin=builtin, policy_urls=urls)
+
+
+def _requests_received(generator: RolloutGenerators) -> int | None:
+    """The policy servers' request count; None (with a warning) when a generation host does not answer."""
+    try:
+        return generator.policy_requests_received()
+    except WorkerCallError as error:  # only a diagnostic: the rollouts' own failures say what went wrong
+        log.warning("the policy servers' request count could not be read: %s", error)
+        return None
+
+
+STARTUP_TIMEOUT_KEY = "env.gym.startup_timeout_s"
+
+
+def wait_for_external_gym(config: RunConfig) -> None:
+    """launch: external: return once every configured gym URL (env.gym.head_server_url, or each of env.gym.agent_urls)
+    answers an HTTP request, waiting up to env.gym.startup_timeout_s for the silent ones (one line each, then one
+    when it answers); a ConfigError naming each URL still silent, and its key, after that (at once with 0)."""
+    gym = config.env.gym
+    if not config.env.should_use_nemo_gym or gym.launch != "external":
+        return  # a built-in gym is started by the run itself, after the policy servers
+    if gym.head_server_url is not None:
+        urls = {"env.gym.head_server_url": gym.head_server_url}
+    else:
+        urls = {f"env.gym.agent_urls.{name}": url for name, url in gym.agent_urls.items()}
+    try:
+        wait_until_reachable(
+            urls, gym.startup_timeout_s, timeout_key=STARTUP_TIMEOUT_KEY, say=lambda line: print(line, flush=True)
+        )
+    except GymUnreachableError as error:
+        waited = (
+            f"({STARTUP_TIMEOUT_KEY}=0: no wait)"
+            if gym.startup_timeout_s == 0
+            else f"after {error.waited_s:.0f} s ({STARTUP_TIMEOUT_KEY}={gym.startup_timeout_s:g})"
+        )
+        raise ConfigError(
+            [
+                f"{url.key}: {url.url!r} is not an http:// or https:// URL ({url.reason}); fix it"
+                if url.malformed
+                else f"{url.key}: {url.url} does not answer ({url.reason}) {waited}; start the gym servers first, or "
+                "fix the URL"
+                for url in error.silent
+            ]
+        ) from None

@@ -133,19 +133,33 @@ def check_response_budgets(
 def check_run_directory(run_dir: Path, log_dir: str) -> None:
     """ConfigError unless `run_dir` is a directory this process can write in, or one it can create.
 
-    The check creates (and removes) an empty probe directory in `run_dir`, or in its nearest existing parent: only
-    a real attempt answers for every way a write can fail (permissions that root ignores, read-only or virtual
-    file systems such as /proc, quotas), and `run_dir` itself is never created here.
+    The check makes what is missing of `run_dir` and an empty probe directory in it, then removes all it made: only
+    a real attempt answers for every way a write can fail (permissions that root ignores, read-only or virtual file
+    systems such as /proc, quotas, a name too long for the file system).
     """
     key = "logger.log_dir" if Path(log_dir) == run_dir else "run directory"
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
+    if "\0" in str(run_dir):
+        raise ConfigError([f"{key}: {str(run_dir)!r} holds a NUL character; expected a directory's path"])
+    existing, missing = run_dir, list[Path]()
+    while not os.path.lexists(existing) and existing != existing.parent:
+        missing.append(existing)
         existing = existing.parent
     if not existing.is_dir():
-        what = "is a file" if existing == run_dir else f"lies under {str(existing)!r}, which is a file"
-        raise ConfigError([f"{key}: {str(run_dir)!r} {what}; expected a directory, or a path where one can be made"])
+        place = "is" if existing == run_dir else f"lies under {str(existing)!r}, which is"
+        what = "a symbolic link to nothing (a loop, or a missing target)" if existing.is_symlink() else "a file"
+        raise ConfigError(
+            [f"{key}: {str(run_dir)!r} {place} {what}; expected a directory, or a path where one can be made"]
+        )
+    made: list[Path] = []
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".asyncppo-write-check-", dir=existing))
+        try:
+            for directory in reversed(missing):
+                directory.mkdir()
+                made.append(directory)
+            os.rmdir(tempfile.mkdtemp(prefix=".asyncppo-write-check-", dir=run_dir))
+        finally:
+            for directory in reversed(made):
+                directory.rmdir()
     except OSError as error:
         where = "in it" if existing == run_dir else f"in {str(existing)!r}, where it would be created"
         raise ConfigError(

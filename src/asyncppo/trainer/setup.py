@@ -155,7 +155,8 @@ class ModelPaths:
 def end_and_pad_ids(
     config: RunConfig, tokenizer: PreTrainedTokenizerBase, tokenizer_path: Path
 ) -> tuple[tuple[int, ...], int]:
-    """(ids that end a generation: EOS plus generation.stop_token_ids, pad id: the tokenizer's or EOS)."""
+    """(ids that end a generation: EOS plus generation.stop_token_ids, pad id: the tokenizer's or EOS); a ConfigError
+    for a stop id outside the tokenizer's vocabulary."""
 
     def token_id(value: object, name: str) -> int:
         if not isinstance(value, int):
@@ -166,6 +167,16 @@ def end_and_pad_ids(
 
     eos_id = token_id(tokenizer.eos_token_id, "eos_token_id")
     stop_ids: list[int] = list(config.generation.stop_token_ids or [])
+    vocab_size = len(tokenizer)
+    outside = [stop_id for stop_id in stop_ids if not 0 <= stop_id < vocab_size]
+    if outside:
+        # An id the model can never sample would never stop a generation: the list is mistyped, or for another model.
+        raise ConfigError(
+            [
+                f"generation.stop_token_ids: {outside[0]} is outside the vocabulary of the tokenizer at "
+                f"{tokenizer_path} ({vocab_size} ids: 0 to {vocab_size - 1})"
+            ]
+        )
     pad = eos_id if tokenizer.pad_token_id is None else token_id(tokenizer.pad_token_id, "pad_token_id")
     return tuple(sorted({eos_id, *stop_ids})), pad
 

@@ -229,8 +229,13 @@ class PolicyWorker(TrainedWorker):
 
     def open_sync(self, spec: SyncGroupSpec, specs: list[ParamSpec], bucket_size_bytes: int) -> None:
         """Join the weight-sync group as its sender (rank 0 of the policy group only). `specs`: this worker's
-        `param_specs`, taken by the driver beforehand (in a data-parallel group every rank must gather for them)."""
+        `param_specs`, taken by the driver beforehand (in a data-parallel group every rank must gather for them).
+        Called again after a generator restart: the old group is broken off first, which ends any transfer still
+        waiting on it, so every generator can join the new one."""
         device = next(self.model.parameters()).device if spec.backend == "nccl" else torch.device("cpu")
+        if self._sender is not None:
+            self._sender.abort()
+            self._sender = None
         self._sender = WeightSender(open_sync_group(spec, rank=0, device=device), specs, bucket_size_bytes)
 
     def push_weights(self, version: int, compute_checksum: bool) -> PushReport | None:
