@@ -25,6 +25,7 @@ from asyncppo.config.nemo_rl.port import load_run_config
 
 if TYPE_CHECKING:
     from asyncppo.trainer.preflight import CheckedInputs
+    from asyncppo.trainer.stop_signals import SignalStop
 
 Overrides = Mapping[str, object] | Sequence[str] | None
 """Dotted keys to values (`{"ppo.max_num_steps": 2}`), or the command line's `key=value` strings."""
@@ -149,15 +150,17 @@ class TrainResult:
     run_dir: Path
     """The run directory, absolute."""
     exit_status: int
-    """0 when the run trained all its steps; 143 or 130 when SIGTERM or SIGINT (Ctrl-C) stopped it after a checkpoint
-    of the step in progress (what `asyncppo train` exits with)."""
+    """0 when the run trained all its steps; 143 or 130 when SIGTERM or SIGINT (Ctrl-C) stopped it, after a checkpoint
+    of the step in progress or while it was starting (what `asyncppo train` exits with)."""
     stopped: str | None
-    """None when the run finished; else one line: the signal, the last step and the checkpoint a rerun resumes."""
+    """None when the run finished; else one line: the signal, the last step and the checkpoint a rerun resumes (or
+    that the run was still starting)."""
     metrics: list[dict[str, Any]]
     """The records of `metrics.jsonl`, one per logged step in step order (`step` key), earlier attempts of a resumed
-    run included; empty when no step was logged."""
+    run included; empty when no step was logged, or when a signal stopped the run while it was starting."""
     report: Path | None
-    """The run report (report.html), or None when it could not be written (a `warning:` line said why)."""
+    """The run report (report.html), or None when it could not be written (a `warning:` line said why) or the run
+    never began training (a signal stopped it while it was starting)."""
 
     @property
     def finished(self) -> bool:
@@ -176,29 +179,63 @@ def train(
     overrides: Overrides = None,
     run_dir: str | os.PathLike[str] | None = None,
     config_dir: str | os.PathLike[str] | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
 ) -> TrainResult:
     """Check (`check`, same arguments), then train: build the run, train it until its last step or a SIGTERM /
-    SIGINT, close it, write its report into the run directory. A run directory holding a checkpoint is resumed.
+    SIGINT, close it, write its report into the run directory. A run directory holding a checkpoint is resumed from
+    its newest one that verifies; `resume_from` chooses one by hand instead (`step_N` of the run's checkpoint
+    directory, or a checkpoint directory's path; it must verify, and the run's checkpoints after it are set aside).
 
-    Call it from the main thread (the clean stop installs signal handlers). A Ray cluster this process had already
-    joined is used and left up; otherwise the run starts its own and shuts it down at the end.
+    Call it from the main thread (the clean stop installs signal handlers, from the start: a signal while the run
+    starts ends it too, with `stopped` saying so). A Ray cluster this process had already joined is used and left
+    up; otherwise the run starts its own and shuts it down at the end.
     """
-    checked = check(config, overrides=overrides, run_dir=run_dir, config_dir=config_dir)
+    # Light: the handlers are in place before the config loads and the heavy imports below begin.
+    from asyncppo.trainer.stop_signals import SignalStop
+
+    stop = SignalStop()
+    checked: CheckedRun | None = None
+    with stop.installed():
+        try:
+            checked = check(config, overrides=overrides, run_dir=run_dir, config_dir=config_dir)
+            exit_status, stopped = _train_checked(checked, stop, None if resume_from is None else str(resume_from))
+        except BaseException as error:
+            if not stop.ended(error):  # only the handler's interrupt is a stop: anything else propagates
+                raise
+            exit_status, stopped = stop.exit_status, stop.interrupted_start_line()
+        # Absolute: the workers write the checkpoints' weights under it, and they need not share this process's
+        # working directory (a Ray cluster joined before a chdir, or other machines).
+        directory = (checked.run_dir if checked is not None else _given_run_dir(config, run_dir)).absolute()
+        report, metrics = None, []
+        if stop.training:  # the run got as far as its loop: the report shows where it got to (after a stop too)
+            from asyncppo.metrics.report import METRICS_NAME, write_report_or_warn
+            from asyncppo.metrics.sinks import read_metrics_jsonl
+
+            try:
+                report = write_report_or_warn(directory)
+                metrics = read_metrics_jsonl(directory / METRICS_NAME) if (directory / METRICS_NAME).is_file() else []
+            except BaseException as error:
+                if not stop.ended(error):  # a second signal while the report is written: the run ended anyway
+                    raise
+    return TrainResult(directory, exit_status, stopped, metrics, report)
+
+
+def _given_run_dir(config: ConfigSource, run_dir: str | os.PathLike[str] | None) -> Path:
+    """The run directory as far as it is known before the config has loaded (the working directory when not)."""
+    if run_dir is not None:
+        return Path(run_dir)
+    return Path(config.logger.log_dir) if isinstance(config, RunConfig) else Path()
+
+
+def _train_checked(checked: CheckedRun, stop: "SignalStop", resume_from: str | None) -> tuple[int, str | None]:
+    """Train a checked run under `stop`: (the exit status, the line naming the signal that stopped it, or None)."""
     # Imported once the checks have passed: torch, transformers and Ray take seconds to import, and a mistake found
     # above is reported before any of that.
-    from asyncppo.metrics.report import METRICS_NAME, write_report_or_warn
-    from asyncppo.metrics.sinks import read_metrics_jsonl
     from asyncppo.trainer.setup import resolve_setup
     from asyncppo.trainer.stopping import train_until_done_or_stopped
     from asyncppo.trainer.third_party_output import quiet_third_party_output
 
-    # Absolute: the workers write the checkpoints' weights under it, and they need not share this process's working
-    # directory (a Ray cluster joined before a chdir, or other machines).
-    run_dir = checked.run_dir.absolute()
     quiet_third_party_output(checked.config.logger.verbose)
     setup = resolve_setup(checked.config, checked.config_dir, inputs=checked.inputs)
-    outcome = train_until_done_or_stopped(setup, run_dir)
-    report = write_report_or_warn(run_dir)  # also after a signal stop: it shows where the run got to
-    metrics_path = run_dir / METRICS_NAME
-    metrics = read_metrics_jsonl(metrics_path) if metrics_path.is_file() else []
-    return TrainResult(run_dir, outcome.exit_status, outcome.stopped_line, metrics, report)
+    outcome = train_until_done_or_stopped(setup, checked.run_dir.absolute(), stop, resume_from)
+    return outcome.exit_status, outcome.stopped_line

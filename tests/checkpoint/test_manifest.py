@@ -1,7 +1,8 @@
-"""Checkpoint integrity: each kind of damage to a checkpoint written through the real protocol (flipped bytes of the
-same size in the policy weights, the optimizer state or the buffer state, a truncated file, a deleted file, an
-edited step in the run state, a broken completion marker) is detected; `latest()` falls back to the newest
-checkpoint that verifies and names what it passed over, or raises one line when none does."""
+"""The manager's side of checkpoint integrity, on checkpoints written through its protocol: damage to a file, to the
+manifest or to the completion marker, and what the owner's cross-check refuses, are passed over by `latest()`, which
+names each and falls back to the newest checkpoint that verifies, or raises one line when none does. The run's own
+checkpoints, every kind of damage the issue lists and the run state's cross-check with the books are
+tests/trainer/test_checkpoint_integrity.py."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -44,22 +45,12 @@ def _flip_bytes(path: Path) -> None:
     path.write_bytes(bytes(data))  # the same size: only a hash tells
 
 
-def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[:-100])
-
-
-def _edit_step(path: Path) -> None:
-    path.write_text(path.read_text().replace('"step": 2', '"step": 7'))
-
-
 DAMAGE: dict[str, tuple[str, Callable[[Path], None], str]] = {
-    "flipped_policy_weights": (WEIGHTS, _flip_bytes, f"{WEIGHTS}: hash mismatch"),
-    "flipped_optimizer_state": (OPTIMIZER, _flip_bytes, f"{OPTIMIZER}: hash mismatch"),
-    "flipped_buffer_state": (BUFFER, _flip_bytes, f"{BUFFER}: hash mismatch"),
-    "truncated_weights": (WEIGHTS, _truncate, f"{WEIGHTS}: size"),
+    "flipped_weights": (WEIGHTS, _flip_bytes, f"{WEIGHTS}: hash mismatch"),
+    "truncated_buffer_state": (BUFFER, lambda path: path.write_bytes(path.read_bytes()[:-100]), f"{BUFFER}: size"),
     "deleted_optimizer_state": (OPTIMIZER, Path.unlink, f"{OPTIMIZER}: missing"),
-    "edited_run_state_step": (RUN_STATE_FILE, _edit_step, f"{RUN_STATE_FILE}: hash mismatch"),
     "deleted_manifest": (MANIFEST_FILE, Path.unlink, f"{MANIFEST_FILE}: missing"),
+    "unreadable_manifest": (MANIFEST_FILE, lambda path: path.write_text("[]"), f"{MANIFEST_FILE}: unreadable"),
     "broken_completion_marker": (TRAINING_INFO_FILE, lambda path: path.write_text("{not json"), "unreadable"),
 }
 
@@ -75,6 +66,28 @@ def test_damage_to_the_newest_checkpoint_falls_back_to_the_previous_one_naming_i
     reader = CheckpointManager(tmp_path, keep_top_k=None, metric_name=None, higher_is_better=True)
     assert reader.latest() == first
     assert list(reader.rejected) == [2] and reason in reader.rejected[2], reader.rejected
+
+
+def test_a_checkpoint_the_cross_check_refuses_is_passed_over_and_each_is_checked_once(tmp_path: Path):
+    writer = CheckpointManager(tmp_path, keep_top_k=None, metric_name=None, higher_is_better=True)
+    first, _ = _save(writer, 1), _save(writer, 2)
+    asked: list[str] = []
+
+    def cross_check(checkpoint: Path) -> str | None:
+        asked.append(checkpoint.name)
+        return "run_state.json: disagrees with the books" if checkpoint.name == "step_2" else None
+
+    reader = CheckpointManager(tmp_path, None, None, True, cross_check=cross_check)
+    assert reader.latest() == first and reader.latest() == first
+    assert reader.rejected == {2: "run_state.json: disagrees with the books"}
+    assert asked == ["step_2", "step_1"]  # once each, however often the run asks
+
+
+def test_a_manager_makes_its_directory_only_when_it_first_saves(tmp_path: Path):
+    manager = CheckpointManager(tmp_path / "checkpoints", keep_top_k=None, metric_name=None, higher_is_better=True)
+    assert manager.latest() is None and not (tmp_path / "checkpoints").exists()
+    _save(manager, 1)
+    assert manager.latest() == tmp_path / "checkpoints" / "step_1"
 
 
 def test_when_no_checkpoint_verifies_the_error_is_one_line_naming_each(tmp_path: Path):

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from asyncppo.checkpoint import CheckpointManager, RunState, save_run_state
 from asyncppo.cli.main import main
 from asyncppo.config import dump_config, load_config
 from asyncppo.trainer.resume import (
@@ -18,6 +17,7 @@ from asyncppo.trainer.resume import (
     record_config,
     refused_changes,
 )
+from written_checkpoints import prompt_rows, write_run
 
 REPO = Path(__file__).parents[2]
 DEMO = str(REPO / "examples" / "configs" / "demo.yaml")
@@ -50,15 +50,12 @@ def test_a_refused_change_names_the_key_both_values_and_the_fix() -> None:
 
 
 def _started_run(run_dir: Path, step: int = 10, overrides: tuple[str, ...] = ()) -> str:
-    """A run directory as a first attempt leaves it: config.yaml and checkpoint step_<step> (with its config)."""
+    """A run directory as a first attempt leaves it: config.yaml and checkpoint step_<step> (with its config), written
+    by the run's own save path."""
     config = load_config(DEMO, [*BASE, *overrides])
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(dump_config(config))
-    manager = CheckpointManager(run_dir / "checkpoints", keep_top_k=None, metric_name=None, higher_is_better=True)
-    directory = manager.begin(step)
-    save_run_state(directory, RunState(step=step, epoch=0, num_consumed_prompts=step * 32))
-    (directory / "config.yaml").write_text(dump_config(config))
-    manager.finalize(step, {})
+    write_run(config, run_dir, prompt_rows(64), save_at={step})
     return (run_dir / "config.yaml").read_text()
 
 

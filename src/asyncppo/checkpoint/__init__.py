@@ -1,6 +1,13 @@
 """Layer 1: checkpoints. `manager` owns the step-directory protocol; `state` the driver's files inside a step."""
 
-from asyncppo.checkpoint.manager import TRAINING_INFO_FILE, CheckpointDamagedError, CheckpointManager, CheckpointRecord
+from asyncppo.checkpoint.manager import (
+    TRAINING_INFO_FILE,
+    CheckpointDamagedError,
+    CheckpointError,
+    CheckpointManager,
+    CheckpointRecord,
+    CrossCheck,
+)
 from asyncppo.checkpoint.state import (
     RUN_STATE_FILE,
     WARM_START_FILE,
@@ -21,8 +28,10 @@ __all__ = [
     "TRAINING_INFO_FILE",
     "WARM_START_FILE",
     "CheckpointDamagedError",
+    "CheckpointError",
     "CheckpointManager",
     "CheckpointRecord",
+    "CrossCheck",
     "RunState",
     "is_warm_start",
     "load_run_state",

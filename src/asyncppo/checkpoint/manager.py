@@ -7,9 +7,11 @@ workers `policy/`, the value workers `value/`, the driver the rest) and then cal
 
 A directory counts as a checkpoint only when it is named `step_N` AND holds `training_info.json`; finalize writes
 that file last and renames atomically, so a crash at any point leaves the previous checkpoints usable. Before it,
-finalize writes the manifest (`manifest.py`: every file's size and SHA-256); `latest()` returns the newest
-checkpoint whose files match it, noting each newer one that does not (`rejected`), and raises
-CheckpointDamagedError when checkpoints exist but none verifies: a run never resumes from damaged state.
+finalize writes the manifest (`manifest.py`: every file's size and SHA-256). `verify` checks a checkpoint against
+it and then with the owner's `cross_check` (a run compares its run state with its books, `trainer/run_checkpoints.py`),
+hashing each checkpoint once per manager; `latest()` returns the newest checkpoint that verifies, noting each newer
+one that does not (`rejected`), and raises CheckpointDamagedError when checkpoints exist but none verifies;
+`chosen(...)` finds and verifies one named by hand. A run never resumes from damaged state.
 """
 
 import json
@@ -18,7 +20,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,8 +31,18 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 _METRIC_PREFIXES = ("val:", "train:")
 
 
-class CheckpointDamagedError(RuntimeError):
-    """Checkpoints exist but none verifies; the message is one line naming each and its first problem."""
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be resumed from; the message is one line naming it and why."""
+
+
+class CheckpointDamagedError(CheckpointError):
+    """Checkpoints exist but none verifies (or the one chosen by hand does not); one line naming each and its first
+    problem."""
+
+
+CrossCheck = Callable[[Path], str | None]
+"""A checkpoint whose files match its manifest -> None when its contents agree with each other, else the first
+disagreement as `<file>: <what is wrong>`."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,7 @@ class CheckpointManager:
         keep_top_k: int | None,
         metric_name: str | None,
         higher_is_better: bool,
+        cross_check: CrossCheck | None = None,
     ) -> None:
         if keep_top_k is not None and keep_top_k < 1:
             raise ValueError(f"keep_top_k must be None or >= 1, got {keep_top_k!r}")
@@ -102,9 +115,11 @@ class CheckpointManager:
         self.keep_top_k = keep_top_k
         self.metric_name = metric_name
         self.higher_is_better = higher_is_better
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.cross_check = cross_check
+        # The directory is made by the first `begin`: a run refused before it saves leaves no trace.
         self._recover_interrupted_overwrites()
-        self._verified: set[Path] = set()
+        self._verdicts: dict[Path, str | None] = {}
+        """What `verify` found in each checkpoint it looked at (None: it verifies)."""
         self.rejected: dict[int, str] = {}
         """Checkpoints `latest()` passed over, by step: the first problem found in each."""
 
@@ -118,6 +133,7 @@ class CheckpointManager:
         """Create an empty `tmp_step_{step}/` (a stale one from a crashed save is removed) and return it."""
         if step < 0:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.tmp_path(step)
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -155,13 +171,15 @@ class CheckpointManager:
         else:
             os.rename(tmp, final)
             fsync_directory(self.checkpoint_dir)
-        self._verified.add(final)  # just written and hashed by this process
+        self._verdicts[final] = None  # just written and hashed by this process
         self.prune(protect_step=step)
         return final
 
     def checkpoints(self) -> list[CheckpointRecord]:
         """Every complete checkpoint, oldest step first (tmp_step_*, old_step_* and unmarked dirs are ignored)."""
         records: list[CheckpointRecord] = []
+        if not self.checkpoint_dir.is_dir():
+            return records
         for entry in self.checkpoint_dir.iterdir():
             match = _STEP_DIR.fullmatch(entry.name)
             info_path = entry / TRAINING_INFO_FILE
@@ -177,25 +195,70 @@ class CheckpointManager:
             records.append(CheckpointRecord(int(match.group(1)), entry, metric_value))
         return sorted(records, key=lambda record: record.step)
 
+    def verify(self, checkpoint: Path) -> str | None:
+        """None when `checkpoint`'s files match its manifest and the cross-check finds them consistent; else the first
+        problem, as `<file>: <what is wrong>`. Each checkpoint is checked once per manager (what it wrote is
+        trusted): a resume hashes its checkpoint once, however often it is asked."""
+        if checkpoint not in self._verdicts:
+            problem = damage_in(checkpoint)
+            if problem is None and self.cross_check is not None:
+                problem = self.cross_check(checkpoint)
+            self._verdicts[checkpoint] = problem
+        return self._verdicts[checkpoint]
+
     def latest(self) -> Path | None:
         """The verified checkpoint with the highest step number, or None when there is none; newer ones that fail
         verification are noted in `rejected`. CheckpointDamagedError when checkpoints exist and none verifies."""
         records = self.checkpoints()
         for record in reversed(records):
-            if record.path in self._verified:
+            problem = self.verify(record.path)
+            if problem is None:
                 return record.path
-            damage = damage_in(record.path)
-            if damage is None:
-                self._verified.add(record.path)
-                return record.path
-            self.rejected[record.step] = damage
+            self.rejected[record.step] = problem
         if self.rejected:
             found = "; ".join(f"step_{step}: {reason}" for step, reason in sorted(self.rejected.items()))
             raise CheckpointDamagedError(
                 f"no checkpoint in {self.checkpoint_dir} verifies ({found}); move the directory aside to start "
-                "afresh, or restore a good copy"
+                "afresh, or resume from a good copy with --resume-from"
             )
         return None
+
+    def chosen(self, choice: str) -> Path:
+        """The checkpoint named by hand: `step_N` (in this directory) or a checkpoint directory's path, verified.
+        CheckpointError (one line naming it) when it is not a complete checkpoint, CheckpointDamagedError when it
+        fails verification."""
+        named = _STEP_DIR.fullmatch(choice)
+        path = self.step_path(int(named.group(1))) if named is not None else Path(choice).expanduser().absolute()
+        if path.parent.resolve() == self.checkpoint_dir.resolve():  # one of ours, however spelled: one name for it
+            path = self.checkpoint_dir / path.name
+        if not path.is_dir():
+            listed = ", ".join(record.path.name for record in self.checkpoints()) or "none"
+            where = f"{path} is not a directory" if path.exists() else f"no directory {path}"
+            raise CheckpointError(f"{choice!r}: {where} (checkpoints in {self.checkpoint_dir}: {listed})")
+        if not (path / TRAINING_INFO_FILE).is_file():
+            raise CheckpointError(
+                f"{path} is not a complete checkpoint (no {TRAINING_INFO_FILE}: a save that never finished, or "
+                "not a checkpoint directory)"
+            )
+        problem = self.verify(path)
+        if problem is not None:
+            raise CheckpointDamagedError(f"{path} failed verification ({problem})")
+        return path
+
+    def set_aside(self, checkpoints: list[Path]) -> Path:
+        """Move `checkpoints` (of this directory) into its `set_aside/` directory, where neither a resume nor
+        pruning sees them (nothing is deleted); returns that directory."""
+        aside = self.checkpoint_dir / "set_aside"
+        aside.mkdir(exist_ok=True)
+        for path in checkpoints:
+            target, copy = aside / path.name, 1
+            while target.exists():  # set aside before, by an earlier resume by hand
+                copy += 1
+                target = aside / f"{path.name}.{copy}"
+            os.rename(path, target)
+            self._verdicts.pop(path, None)
+        fsync_directory(self.checkpoint_dir)
+        return aside
 
     def prune(self, protect_step: int | None = None) -> list[Path]:
         """Delete checkpoints beyond keep_top_k (see the class docstring for the rule); returns what was deleted."""

@@ -118,7 +118,9 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class RunState:
-    """The driver's loop position: the step just completed, the dataloader epoch and prompts drawn so far."""
+    """The driver's loop position: the step just completed, and where the prompt stream is: `epoch`, the (0-based)
+    epoch of the newest prompts drawn, and `num_consumed_prompts`, the prompts drawn over all epochs (async: the
+    collector's stream, which draws ahead of the steps trained). A resume cross-checks them with the books."""
 
     step: int
     epoch: int

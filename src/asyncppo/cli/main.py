@@ -4,14 +4,17 @@
     asyncppo config check CONFIG [key=value ...] [--run-dir DIR]  the load rules and train's pre-flight (see api.py)
     asyncppo config keys [PREFIX]                 list every config key with its meaning
     asyncppo config port NEMO_RL.yaml [-o OUT]    port a NeMo-RL PPO or GRPO config (cli/config_port.py)
-    asyncppo train CONFIG [key=value ...]         train (see cli/train.py); a NeMo-RL config is ported first
+    asyncppo train CONFIG [key=value ...] [--resume-from CHECKPOINT]  train (see cli/train.py); a NeMo-RL config
+                                                  is ported first
     asyncppo gym serve CONFIG [key=value ...]     serve the policy and the built-in gym (see cli/gym_serve.py)
     asyncppo bench generate CONFIG [key=value ...]  time generation alone (see cli/bench_generate.py)
     asyncppo bench train --workload NAME --model DIR  train a named workload briefly (see cli/bench_train.py)
     asyncppo report RUN_DIR [RUN_DIR_B] [-o PATH]   write the run's HTML report; two runs are overlaid
     asyncppo critic collect|pretrain CONFIG [key=value ...]  offline critic pretraining (see cli/critic.py)
 
-User mistakes (config errors) print one line each and exit with status 2, never a traceback.
+User mistakes (config errors) print one line each and exit with status 2, never a traceback. A run that started and
+then stopped on a failure it reports (a failure budget ran out, a reward function failed) prints one line and exits
+with status 1.
 """
 
 import argparse
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from asyncppo.config import ConfigError
 
 USAGE_ERROR = 2
+RUN_FAILED = 1
 
 
 GYM_SERVE_DESCRIPTION = """\
@@ -101,6 +105,13 @@ def _add_train_and_gym_commands(commands: "Commands") -> None:
     train.add_argument("config", help="YAML run config (asyncppo's, or a NeMo-RL PPO or GRPO config, ported first)")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.ppo_epochs=2")
     train.add_argument("--run-dir", default=None, help="run directory (default: logger.log_dir)")
+    train.add_argument(
+        "--resume-from",
+        default=None,
+        metavar="CHECKPOINT",
+        help="resume from this checkpoint instead of the newest that verifies: step_N of the run's checkpoint "
+        "directory, or a checkpoint directory's path (it must verify; the run's later checkpoints are set aside)",
+    )
 
     gym = commands.add_parser("gym", help="serve a policy and gym environments over HTTP (no training)")
     gym_commands = gym.add_subparsers(dest="gym_command", required=True, metavar="SUBCOMMAND")
@@ -154,6 +165,20 @@ def _printable(text: str) -> str:
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
+def _run_failure_line(error: Exception) -> str | None:
+    """The one line of a failure that ends a run by design, which says all there is to say (the step, the budget's
+    key, the failing group, the function and the row); None for anything else, which keeps its traceback."""
+    # Imported here: the rewards module brings math-verify (sympy), which the other commands never need.
+    from asyncppo.pipeline.errors import CollectorError, RunEndingError, StepFillError
+    from asyncppo.rollout.rewards import RewardFunctionError
+
+    budget_ran_out = isinstance(error, CollectorError) and isinstance(error.__cause__, StepFillError)
+    # RunEndingError: a worker process died (a trainer, or a generator past generation.max_restarts).
+    if isinstance(error, StepFillError | RewardFunctionError | RunEndingError) or budget_ran_out:
+        return str(error)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
     parser = _build_parser()
@@ -198,6 +223,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in error.lines:
             print(f"error: {_printable(line)}", file=sys.stderr)
         return USAGE_ERROR
+    except Exception as error:
+        line = _run_failure_line(error)
+        if line is None:
+            raise
+        print(f"error: {_printable(line)}", file=sys.stderr)
+        return RUN_FAILED
     raise AssertionError(f"unhandled command {args.command!r}")
 
 

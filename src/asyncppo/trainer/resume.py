@@ -6,6 +6,12 @@ run directory keeps every config the run has used instead of overwriting one fil
     run_dir/config_history/NN_stepS.yaml    each resumed attempt whose config differs from the last one
                                             recorded (NN = 01, 02, ... in order; S = the step it resumed from)
 
+The checkpoint resumed is the newest one that verifies (its manifest, then its run state against its books:
+`run_checkpoints.py`), or the one `--resume-from` names, which must verify; each is hashed once, by the run's own
+checkpoint manager, which the plan hands on. Right before processes start, `prepare_checkpoints` names each newer
+checkpoint passed over (`note: step_40 failed verification (...); resuming from step_38`) and sets aside the
+run's checkpoints after one chosen by hand, so a later plain resume cannot pick one of that abandoned future.
+
 An attempt that fails its checks writes nothing. The resume's reference is the checkpoint's own `config.yaml`
 (every checkpoint saves the config it was written under, so a checkpoint directory alone knows its config; the
 run directory's `config.yaml` stands in for a checkpoint without one). Keys in `REFUSED_CHANGES` hold what the
@@ -23,9 +29,9 @@ from typing import Any, cast
 
 import yaml
 
-from asyncppo.checkpoint import CheckpointDamagedError, CheckpointManager, load_run_state
+from asyncppo.checkpoint import CheckpointDamagedError, CheckpointError, CheckpointManager, load_run_state
 from asyncppo.config import ConfigError, RunConfig, dump_config
-from asyncppo.trainer.run_checkpoints import CONFIG_FILE
+from asyncppo.trainer.run_checkpoints import CONFIG_FILE, checkpoint_manager
 
 HISTORY_DIR = "config_history"
 _HISTORY_ENTRY = re.compile(r"(\d+)_step(\d+)\.yaml")
@@ -124,11 +130,16 @@ def refused_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]
 
 @dataclass(frozen=True)
 class ResumePlan:
-    """What `check_resume` found: the checkpoint to resume (None: a fresh start), its step, the allowed changes."""
+    """What `check_resume` found: the checkpoint to resume (None: a fresh start), its step, the allowed changes, and
+    the run's checkpoint manager, which verified it."""
 
     checkpoint: Path | None
     step: int
     changes: list[ConfigChange]
+    manager: CheckpointManager | None = None
+    """The run's checkpoint manager (None: checkpointing off); the run saves through it and trusts what it verified."""
+    chosen_by_hand: bool = False
+    """Whether `--resume-from` named the checkpoint."""
 
 
 def _read_tree(path: Path) -> dict[str, Any]:
@@ -150,25 +161,33 @@ def _config_tree(config: RunConfig) -> dict[str, Any]:
     return cast(dict[str, Any], yaml.safe_load(dump_config(config)))
 
 
-def find_resume_checkpoint(config: RunConfig, run_dir: Path) -> Path | None:
-    """The newest complete checkpoint this run would resume from (None: checkpointing off or none written)."""
-    if not config.checkpointing.enabled:
+def find_resume_checkpoint(manager: CheckpointManager | None, resume_from: str | None = None) -> Path | None:
+    """The checkpoint this run resumes from: the one `resume_from` names, or the newest that verifies (None:
+    checkpointing off or none written). ConfigError, one line, when the one named cannot be used or none verifies."""
+    if resume_from is not None:
+        if manager is None:
+            raise ConfigError(
+                [f"--resume-from: {resume_from!r} given, but checkpointing.enabled is false; set it to true to resume"]
+            )
+        try:
+            return manager.chosen(resume_from)
+        except CheckpointError as error:
+            raise ConfigError([f"--resume-from: {error}"]) from None
+    if manager is None:
         return None
-    checkpoint_dir = Path(config.checkpointing.checkpoint_dir or run_dir / "checkpoints")
-    if not checkpoint_dir.is_dir():
-        return None
-    manager = CheckpointManager(checkpoint_dir, keep_top_k=None, metric_name=None, higher_is_better=True)
     try:
         return manager.latest()
     except CheckpointDamagedError as error:
         raise ConfigError([f"checkpointing: {error}"]) from None
 
 
-def check_resume(config: RunConfig, run_dir: Path) -> ResumePlan:
-    """Refuse (ConfigError, one line per key) a config that breaks the resumed checkpoint's run; reads files only."""
-    checkpoint = find_resume_checkpoint(config, run_dir)
+def check_resume(config: RunConfig, run_dir: Path, resume_from: str | None = None) -> ResumePlan:
+    """Refuse (ConfigError, one line per key) a config that breaks the resumed checkpoint's run; reads files only.
+    `resume_from` names the checkpoint by hand (`step_N` or a checkpoint directory)."""
+    manager = checkpoint_manager(config, run_dir)
+    checkpoint = find_resume_checkpoint(manager, resume_from)
     if checkpoint is None:
-        return ResumePlan(None, 0, [])
+        return ResumePlan(None, 0, [], manager)
     step = load_run_state(checkpoint).step
     errors: list[str] = []
     if config.ppo.max_num_steps < step:
@@ -184,7 +203,32 @@ def check_resume(config: RunConfig, run_dir: Path) -> ResumePlan:
         changes = config_changes(old, new)
     if errors:
         raise ConfigError(errors)
-    return ResumePlan(checkpoint, step, changes)
+    return ResumePlan(checkpoint, step, changes, manager, chosen_by_hand=resume_from is not None)
+
+
+def prepare_checkpoints(plan: ResumePlan) -> None:
+    """Print one note per newer checkpoint the resume passed over, and set aside the run's checkpoints after one
+    chosen by hand (its own step too, when it lies elsewhere). Call it right before processes start."""
+    if plan.manager is None or plan.checkpoint is None:
+        return
+    manager, checkpoint = plan.manager, plan.checkpoint
+    for step, reason in sorted(manager.rejected.items(), reverse=True):
+        if step > plan.step:
+            print(f"note: step_{step} failed verification ({reason}); resuming from {checkpoint.name}", flush=True)
+    if not plan.chosen_by_hand:
+        return
+    later = [
+        record.path
+        for record in manager.checkpoints()
+        if record.step > plan.step or (record.step == plan.step and record.path.resolve() != checkpoint.resolve())
+    ]
+    if later:
+        aside = manager.set_aside(later)
+        print(
+            f"note: resuming from {checkpoint} (--resume-from); the run's later checkpoints "
+            f"{', '.join(path.name for path in later)} are set aside in {aside}",
+            flush=True,
+        )
 
 
 def history_entries(run_dir: Path) -> list[Path]:

@@ -9,6 +9,7 @@ from `trainer/gym_setup.py`.
 """
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,9 @@ from asyncppo.generation.protocol import SamplingParams, SupportsGenerate
 from asyncppo.pipeline.async_source import build_async_source
 from asyncppo.pipeline.dynamic_sampling import DynamicSampling
 from asyncppo.pipeline.failures import StepFailureBudget
-from asyncppo.pipeline.sources import BatchSource, GroupRolloutFn, SyncBatchSource, strict_group_rollouts
-from asyncppo.rollout.rewards import RewardFunction
-from asyncppo.rollout.single_turn import run_single_turn_rollouts
+from asyncppo.pipeline.sources import BatchSource, GenerationHealth, GroupOutcome, GroupRolloutFn, SyncBatchSource
+from asyncppo.rollout.rewards import RewardFunction, RewardFunctionError
+from asyncppo.rollout.single_turn import run_single_turn_groups
 from asyncppo.trainer import builders
 from asyncppo.trainer.ppo_step import group_training_rewards
 from asyncppo.trainer.setup import RunSetup
@@ -32,7 +33,10 @@ from asyncppo.types import Trajectory
 if TYPE_CHECKING:
     from asyncppo.trainer.gym_setup import GymRollouts, RolloutGenerators
 
-FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
+log = logging.getLogger(__name__)
+
+GYM_FAILURE_BUDGET_KEY = "env.gym.max_failed_groups_per_step"
+REWARD_FAILURE_BUDGET_KEY = "ppo.max_failed_groups_per_step"
 ValidationRolloutFn = Callable[[Sequence[dict[str, Any]], int], tuple[list[Trajectory], int]]
 """(validation rows, generations per row) -> (trajectories, number of failed prompt groups)."""
 
@@ -40,8 +44,8 @@ ValidationRolloutFn = Callable[[Sequence[dict[str, Any]], int], tuple[list[Traje
 @dataclass(frozen=True)
 class RolloutFunctions:
     """How a run gets trajectories: the batch source's rollout (sync or async) and validation's; and the step's
-    failure budget (the gym's env.gym.max_failed_groups_per_step; 0 for reward-function rollouts, whose
-    failures are engine errors that end the run)."""
+    failure budget, under the key that sets it for the run's rollout kind (gym: env.gym.max_failed_groups_per_step;
+    reward function: ppo.max_failed_groups_per_step)."""
 
     train: GroupRolloutFn
     validation: ValidationRolloutFn
@@ -51,7 +55,9 @@ class RolloutFunctions:
 def single_turn_rollouts(setup: RunSetup, generator: SupportsGenerate, reward_fn: RewardFunction) -> RolloutFunctions:
     """Reward-function rollouts: one generation per sample from the row's prompt (plain-text prompts with the
     system prompt and the prompt template of the data section, which the pre-flight checked), scored by
-    `reward_fn` (the function env.reward_function names, loaded and checked by the pre-flight)."""
+    `reward_fn` (the function env.reward_function names, loaded and checked by the pre-flight) under the deadline
+    env.reward_timeout_s. A group whose reward function fails is that group's failure, replaced within
+    ppo.max_failed_groups_per_step per step; validation skips and counts up to as many failed groups."""
     config, tokenizer = setup.config, setup.tokenizer
     texts = prompt_texts(config.data, gym=False)  # data.system_prompt(_file), data.prompt_file
     max_prompt_tokens = config.data.max_input_seq_length or (
@@ -59,11 +65,12 @@ def single_turn_rollouts(setup: RunSetup, generator: SupportsGenerate, reward_fn
     )
     train_profile = builders.train_sampling(config, setup.eos_token_ids)
     validation_profile = builders.validation_sampling(config, setup.eos_token_ids)
+    budget = StepFailureBudget(config.ppo.max_failed_groups_per_step, REWARD_FAILURE_BUDGET_KEY)
 
     def rollout(
-        rows: Sequence[dict[str, Any]], group_id_start: int, sampling: SamplingParams, generations: int
-    ) -> list[Trajectory]:
-        return run_single_turn_rollouts(
+        rows: Sequence[dict[str, Any]], group_id_start: int, sampling: SamplingParams, generations: int, max_failed: int
+    ) -> list[GroupOutcome]:
+        return run_single_turn_groups(
             generator,
             tokenizer,
             rows,
@@ -77,17 +84,41 @@ def single_turn_rollouts(setup: RunSetup, generator: SupportsGenerate, reward_fn
             messages_key="messages",
             max_prompt_tokens=max_prompt_tokens,
             max_new_tokens_key=config.data.max_new_tokens_key,
+            reward_timeout_s=config.env.reward_timeout_s,
+            max_failed_groups=max_failed,
         )
 
     generations = config.ppo.num_generations_per_prompt
 
-    def train(rows: Sequence[dict[str, Any]], group_id_start: int) -> list[Trajectory]:
-        return rollout(rows, group_id_start, train_profile, generations)
+    def train(rows: Sequence[dict[str, Any]], group_ids: Sequence[int]) -> list[GroupOutcome]:
+        first = group_ids[0]
+        if list(group_ids) != list(range(first, first + len(group_ids))):
+            raise ValueError(f"single-turn rollouts need consecutive group ids, got {list(group_ids)}")
+        # Scoring stops past what is left of the step's budget: the source stops the run at the next failure anyway.
+        return rollout(rows, first, train_profile, generations, budget.remaining)
 
     def validation(rows: Sequence[dict[str, Any]], num_generations: int) -> tuple[list[Trajectory], int]:
-        return rollout(rows, 0, validation_profile, num_generations), 0
+        outcomes = rollout(rows, 0, validation_profile, num_generations, budget.max_failures)
+        return validation_groups(outcomes, budget)
 
-    return RolloutFunctions(strict_group_rollouts(train), validation, StepFailureBudget(0, FAILURE_BUDGET_KEY))
+    return RolloutFunctions(train, validation, budget)
+
+
+def validation_groups(outcomes: Sequence[GroupOutcome], budget: StepFailureBudget) -> tuple[list[Trajectory], int]:
+    """(the trajectories of the groups that succeeded, the number that failed) of one validation; a RewardFunctionError
+    naming the budget's key and the last failure when more groups failed than the budget allows."""
+    failures = [outcome for outcome in outcomes if isinstance(outcome, RewardFunctionError)]
+    if len(failures) > budget.max_failures:
+        raise RewardFunctionError(
+            f"validation: {len(failures)} prompt groups failed, more than {budget.budget_key}={budget.max_failures}; "
+            f"last failure: {failures[-1]}"
+        ) from failures[-1]
+    for failure in failures[:3]:
+        log.warning("validation: a prompt group failed and is skipped: %s", failure)
+    # Groups are left unscored (UnscoredGroupError) only past the budget, which raised above.
+    assert sum(isinstance(outcome, Exception) for outcome in outcomes) == len(failures)
+    trajectories = [t for outcome in outcomes if not isinstance(outcome, Exception) for t in outcome]
+    return trajectories, len(failures)
 
 
 def start_rollouts(
@@ -108,7 +139,7 @@ def start_rollouts(
 
     gym = start_gym_rollouts(setup, generator, policy_version, gym_results_log)
     config = setup.config
-    budget = StepFailureBudget(config.env.gym.max_failed_groups_per_step, FAILURE_BUDGET_KEY)
+    budget = StepFailureBudget(config.env.gym.max_failed_groups_per_step, GYM_FAILURE_BUDGET_KEY)
     return RolloutFunctions(gym.rollout(config.ppo.num_generations_per_prompt), gym.validation, budget), gym
 
 
@@ -118,9 +149,11 @@ def batch_source(
     rollouts: RolloutFunctions,
     reseed: Callable[[int], None],
     start_step: int,
+    health: GenerationHealth | None = None,
 ) -> BatchSource:
     """Sync: generate each step's batch on demand, reseeding the generators per step. Async: a collector runs
-    ahead into a trajectory buffer."""
+    ahead into a trajectory buffer. `health`: the generators' (their supervisor), so that rollouts a generator's
+    death cost run again; None when generation is colocated."""
     ppo = config.ppo
     settings = ppo.async_ppo
     # The async collector cycles epochs itself (async PPO is bounded by max_num_steps only, as in the seed).
@@ -136,6 +169,7 @@ def batch_source(
             failure_budget=rollouts.failure_budget,
             reseed=reseed,
             dynamic_sampling=dynamic_sampling(config),
+            health=health,
         )
     return build_async_source(
         stream,
@@ -145,6 +179,7 @@ def batch_source(
         start_step=start_step,
         policy_training_start_step=ppo.policy_training_start_step,
         failure_budget=rollouts.failure_budget,
+        health=health,
     )
 
 
