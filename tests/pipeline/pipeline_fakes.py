@@ -12,7 +12,7 @@ from asyncppo.pipeline.async_source import AsyncBatchSource
 from asyncppo.pipeline.buffer import TrajectoryBuffer, default_buffer_size
 from asyncppo.pipeline.collector import Collector
 from asyncppo.pipeline.failures import StepFailureBudget
-from asyncppo.pipeline.sources import GroupOutcome, PromptBatches, StepBatch
+from asyncppo.pipeline.sources import GenerationHealth, GroupOutcome, GroupRolloutFn, PromptBatches, StepBatch
 from asyncppo.pipeline.staleness import AgeSchedule
 from asyncppo.types import MessageSpan, Trajectory
 
@@ -150,13 +150,16 @@ def build(
     max_size: int | None = None,
     idle_recheck_s: float = 0.5,
     failure_budget: StepFailureBudget | None = None,
+    rollout: GroupRolloutFn | None = None,
+    health: GenerationHealth | None = None,
 ) -> Setup:
-    """`failure_budget` None: 0, the first failed group stops collection."""
+    """`failure_budget` None: 0, the first failed group stops collection. `rollout`: instead of the generator's
+    (which still holds the weight version)."""
     ages = ages or AgeSchedule(policy_training_start_step=0, train_age=1, warmup_age=1)
     buffer = TrajectoryBuffer(num_prompts, max_size or default_buffer_size(num_prompts, ages.max_age))
     collector = Collector(
         prompts,
-        generator.rollout,
+        rollout or generator.rollout,
         buffer,
         initial_version=start_step,
         ages=ages,
@@ -165,6 +168,7 @@ def build(
         drain_timeout_s=watchdog_s,
         idle_recheck_s=idle_recheck_s,
         failure_budget=failure_budget or StepFailureBudget(0, "max_failed_groups_per_step"),
+        health=health,
     )
     source = AsyncBatchSource(
         collector,

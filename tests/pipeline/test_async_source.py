@@ -124,6 +124,7 @@ def test_batch_metrics_report_ages_buffer_and_drops():
         "async/idle/buffer_starvation",
         *(f"async/{reason}" for reason in COLLECTOR_TIME_REASONS),
         "async/failed_trajectories",
+        "async/rerun_groups",
         "async/collector_groups_per_second",
         "rollout/failed_groups",
     } | {f"async/dropped_prompts/{reason}" for reason in DROP_REASONS}

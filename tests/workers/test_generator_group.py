@@ -4,7 +4,8 @@ fails the calls routed to it with an error that names it instead of stalling the
 
 Which rank served what is read from each rank's own engine counters: `prefill_tokens_sent` grows by the prompt
 length of every request the rank's engine admitted, and the prompt lengths below are chosen so each sum tells
-which groups it got.
+which groups it got. With a death listener (the GeneratorSupervisor in a run), a dead rank is reported to it and the
+call raises GenerationInterrupted, so the batch source runs its groups again once the rank is restarted.
 """
 
 import functools
@@ -20,9 +21,17 @@ import torch
 from asyncppo.generation.engines import EngineSettings
 from asyncppo.generation.protocol import GenerationRequest, SamplingParams
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
+from asyncppo.pipeline.errors import GenerationInterrupted
 from asyncppo.workers.generator_group import GenerationWorker, GeneratorGroup, prompt_units
 from asyncppo.workers.generator_worker import load_generator_worker
-from asyncppo.workers.ray_host import HostOptions, WorkerCallError, WorkerGroup, init_local_ray, wait_until_built
+from asyncppo.workers.ray_host import (
+    HostOptions,
+    WorkerCallError,
+    WorkerDiedError,
+    WorkerGroup,
+    init_local_ray,
+    wait_until_built,
+)
 
 pytestmark = pytest.mark.integration
 ENGINE = EngineSettings(8, 512, 0, (EOS_TOKEN_ID,), PAD_TOKEN_ID, backend="graph")
@@ -120,12 +129,22 @@ def test_new_requests_go_to_the_idle_rank_while_the_other_decodes_a_long_group(g
     wait_until(lambda: generators.in_flight() == [0, 0], "both ranks answered")
 
 
+class Deaths:
+    """A death listener that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[int, object, str]] = []
+
+    def report_death(self, rank: int, host: object, cause: str) -> None:
+        self.reports.append((rank, host, cause))
+
+
 def test_a_dead_generator_is_named_by_generate_and_submit_without_a_stall(hosts: list[object]) -> None:
     generators = GeneratorGroup(WorkerGroup("generator", [hosts[0], hosts[2]], timeout_s=60.0))  # the spare is rank 1
     ray.kill(generators.group.hosts[1])
     started = time.monotonic()
     # Two prompt groups: one of them goes to rank 1.
-    with pytest.raises(WorkerCallError, match=r"generator\[1\]\.generate: the worker process died"):
+    with pytest.raises(WorkerDiedError, match=r"the generator worker \(rank 1\) died: its process ended"):
         generators.generate([request(prompt(4), 2), request(prompt(6), 2)])
     wait_until(lambda: generators.in_flight() == [0, 0], "the failed call left the in-flight counts")
     # Lone requests take idle ranks in turn, so one of two in a row goes to rank 1.
@@ -137,3 +156,13 @@ def test_a_dead_generator_is_named_by_generate_and_submit_without_a_stall(hosts:
     assert "generator[1].generate: the worker process died" in str(named[0])
     assert time.monotonic() - started < 10.0
     wait_until(lambda: generators.in_flight() == [0, 0], "failed calls left the in-flight counts")
+
+    # Supervised (as in a run): the death is reported, with the host that died, and the call is interrupted.
+    deaths = Deaths()
+    generators.watch_deaths(deaths)
+    with pytest.raises(GenerationInterrupted, match=r"generator rank 1 died with requests of this call in flight"):
+        generators.generate([request(prompt(4), 2), request(prompt(6), 2)])
+    generators.reseed(5)  # calls every rank: the dead one is reported, not raised
+    assert generators.seed == 5  # kept for the rank's restart
+    assert [(rank, host) for rank, host, _ in deaths.reports] == [(1, hosts[2])] * 2
+    assert all(cause.startswith("its process ended unexpectedly") for _, _, cause in deaths.reports)

@@ -101,6 +101,11 @@ class GenerationConfig(Section):
     num_workers: PositiveInt = 1
     """Generator workers when not colocated, one device each; set from generation.colocated.resources when that
     is given."""
+    max_restarts: NonNegativeInt = 3
+    """Generator processes (not colocated) that may die and be restarted per run (counted from its start or
+    resume): each comes back in place after a back-off (1 s, doubling for quick repeats, at most 30 s), gets the
+    current weights before it serves, and the rollouts it held run again. One more death ends the run with one
+    line; 0 = the first death does."""
     colocated: ColocationConfig = ColocationConfig()
     """Colocation of generation with training."""
     weight_sync: WeightSyncConfig = WeightSyncConfig()
@@ -164,7 +169,11 @@ class GymConfig(Section):
     max_failed_groups_per_step: NonNegativeInt = 8
     """Prompt groups whose rollout may fail (after retries) while one step's batch is filled; each failed group
     is dropped (counted in `rollout/failed_groups` and the accounting) and replaced by a fresh prompt. One more
-    failure stops the run with an error naming the step and the last failure; 0 = the first failure stops it."""
+    failure stops the run with an error naming the step and the last failure; 0 = the first failure stops it.
+    Runs without the gym: ppo.max_failed_groups_per_step."""
+    startup_timeout_s: float = Field(default=30.0, ge=0)
+    """launch: external: how long `train` waits, when it starts, for a gym URL that does not answer yet (head_server_url
+    or each of agent_urls, polled); still unreachable after it: exit 2 with one line. 0 = do not wait."""
     resources: list[str] = Field(default_factory=lambda: ["math"], min_length=1)
     """Built-in environments the trainer (launch: builtin) or `asyncppo gym serve` starts, one simple agent
     each, named `<resources>_simple_agent`: `math`, `weather`, `multi_step`, `session_counter`."""
@@ -181,6 +190,9 @@ class GymConfig(Section):
     """Bearer key (`Authorization: Bearer <key>`) that the policy server and the built-in head, agent and resources
     servers require on every route but `GET /health`; the trainer's gym client and the built-in agents send it.
     null = no key: any local process may call them (see docs/security.md)."""
+    max_request_bytes: PositiveInt = 8 * 1024 * 1024
+    """Largest request body the policy server and the built-in gym servers accept; a larger one is answered 413
+    before its body is read (checked on Content-Length, counted while a chunked body streams in)."""
     thinking_tags: tuple[str, str] = ("<think>", "</think>")
     """[start, end] of the model's reasoning blocks; the reward penalties cut each assistant turn at them."""
     invalid_tool_call_patterns: list[str] = Field(default_factory=list[str])
@@ -224,6 +236,9 @@ class EnvConfig(Section):
 
     reward_function: str = "math"
     """Single-turn reward: `math`, `exact_match`, or `module:function` for a user function."""
+    reward_timeout_s: float = Field(default=60.0, gt=0)
+    """Deadline of one reward-function call; a call past it fails its prompt group (within
+    ppo.max_failed_groups_per_step) and is abandoned on its own thread."""
     should_use_nemo_gym: bool = False
     """Collect rollouts from NeMo-Gym-compatible servers instead of single-turn generation."""
     should_log_nemo_gym_responses: bool = False

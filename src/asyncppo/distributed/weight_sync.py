@@ -82,6 +82,12 @@ class WeightSender:
         """Close the sync group (its store and backend); safe to call twice."""
         self._group.close()
 
+    def abort(self) -> None:
+        """Break the group off without draining it (a push still waiting on it fails now): before a new group
+        replaces it, after a generator restart."""
+        self._group.broken = True
+        self._group.close()
+
     def push(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, compute_checksum: bool = True
     ) -> PushReport:
@@ -151,6 +157,12 @@ class WeightReceiver:
 
     def close(self) -> None:
         """Close the sync group; safe to call twice."""
+        self._group.close()
+
+    def abort(self) -> None:
+        """Break the group off (from another thread too): an NCCL communicator is aborted, so a receive still
+        waiting on it fails now instead of at its timeout. The driver reconnects after a generator restart."""
+        self._group.broken = True
         self._group.close()
 
     def receive(self, version_expected: int) -> Iterator[tuple[str, torch.Tensor]]:

@@ -23,7 +23,7 @@ from asyncppo.pipeline.collector import Collector
 from asyncppo.pipeline.errors import StallError, step_number
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.ledger import AccountingReport
-from asyncppo.pipeline.sources import GroupRolloutFn, PromptBatches, SourceSnapshot, StepBatch
+from asyncppo.pipeline.sources import GenerationHealth, GroupRolloutFn, PromptBatches, SourceSnapshot, StepBatch
 from asyncppo.pipeline.staleness import AgeSchedule
 from asyncppo.pipeline.time_tally import BUFFER_STARVATION
 
@@ -157,6 +157,8 @@ class AsyncBatchSource:
             "async/max_policy_age": float(max(policy_ages)),
             BUFFER_STARVATION: idle_seconds,
             "async/failed_trajectories": float(self._collector.num_failed_rollouts),
+            # Groups whose generator died under them, run again with the same draw ids (since the run's start).
+            "async/rerun_groups": float(self._collector.num_rerun_rollouts),
             "async/collector_groups_per_second": (completed - last_completed) / max(now - last_time, 1e-9),
         }
         metrics.update({f"async/{reason}": seconds for reason, seconds in self._collector.time_tally.take().items()})
@@ -228,11 +230,13 @@ def build_async_source(
     max_concurrent_groups: int | None = None,
     buffer_max_size: int | None = None,
     failure_budget: StepFailureBudget,
+    health: GenerationHealth | None = None,
 ) -> AsyncBatchSource:
     """Buffer + collector + source from the `ppo.async_ppo` section; `start_step` = the step the run starts or
     resumes at, which is also the generators' initial weight version.
 
     Defaults: the buffer holds the whole window (default_buffer_size) and that many rollouts may run at once.
+    `health`: the generators' (see Collector); None where no generator is ever restarted.
     """
     warmup_age = settings.warmup_max_trajectory_age_steps or settings.max_trajectory_age_steps
     ages = AgeSchedule(policy_training_start_step, settings.max_trajectory_age_steps, warmup_age)
@@ -248,6 +252,7 @@ def build_async_source(
         in_flight_weight_updates=settings.in_flight_weight_updates,
         drain_timeout_s=settings.watchdog_timeout_s,
         failure_budget=failure_budget,
+        health=health,
     )
     return AsyncBatchSource(
         collector,

@@ -156,6 +156,14 @@ class TrajectoryBuffer:
             self._changed()
         self._notify_listeners()
 
+    def unreserve(self, draw_id: int) -> None:
+        """Give up a reservation whose rollout will run again (its generator died): the draw is not booked; the
+        collector holds it as pending and reserves it anew, with the weight version it then runs under."""
+        with self._condition:
+            self._reserved.pop(draw_id)
+            self._changed()
+        self._notify_listeners()
+
     def take(self, step: int, max_age: int) -> list[BufferedGroup] | None:
         """Evict groups older than `max_age` versions, then pop the first N groups targeting `step` if all N are here.
 

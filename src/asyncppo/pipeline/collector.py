@@ -4,13 +4,16 @@ Built by the driver's builders with a rollout function; driven by AsyncBatchSour
 
     prompt stream --epochs--> pending rows [(draw id, row)] --reserve lowest needed target (gap-fill)-->
         one thread per prompt group: rollout([row], [draw id]) --> buffer.add_group (or failure channel)
+        a rollout whose generator died (GenerationHealth) --> reservation given back, row to the front of pending
     set_weight_version(v): the window of collectable targets moves (AgeSchedule.collectable_targets)
     time_tally: seconds the loop waited, by why it could start nothing, and seconds of failed rollouts
 
 Draw ids are assigned when a row leaves the prompt stream, so a row drawn but not yet started (the rest of a
 batch, kept in `pending`) or in flight when a checkpoint is taken is saved with its id and regenerated on
-resume: no prompt is lost or drawn twice. One lock (a Condition over an RLock) guards all of it; every wait
-re-checks state under that lock with a timeout, so a notification can never be lost.
+resume: no prompt is lost or drawn twice. A group whose generator process died under it keeps its draw id and runs
+again once the generators serve (no rollout starts while one is being restarted); it is never booked as failed.
+One lock (a Condition over an RLock) guards all of it; every wait re-checks state under that lock with a timeout,
+so a notification can never be lost.
 """
 
 import logging
@@ -24,16 +27,17 @@ from typing import Any
 
 from asyncppo.pipeline.buffer import FAILED_ROLLOUT, TrajectoryBuffer
 from asyncppo.pipeline.epochs import EpochCycler
-from asyncppo.pipeline.errors import CollectorError, StallError
+from asyncppo.pipeline.errors import CollectorError, GenerationInterrupted, RunEndingError, StallError
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.plain_state import check_plain_data
-from asyncppo.pipeline.sources import GroupOutcome, GroupRolloutFn, PromptBatches, Row
+from asyncppo.pipeline.sources import GenerationHealth, GroupOutcome, GroupRolloutFn, PromptBatches, Row
 from asyncppo.pipeline.staleness import AgeSchedule
 from asyncppo.pipeline.time_tally import (
     BUFFER_FULL_BACKOFF,
     COLLECTOR_TIME_REASONS,
     FAILED_TRAJECTORY,
     GENERATION_LIMIT_PAUSE,
+    GENERATOR_RESTART_WAIT,
     REFIT_EVENT_WAIT,
     TimeTally,
 )
@@ -47,6 +51,8 @@ class _InFlight:
     row: Row
     target: int
     generation_version: int
+    generator_deaths: int
+    """GenerationHealth.deaths() when the rollout started (0 without a health)."""
 
 
 class Collector:
@@ -65,9 +71,11 @@ class Collector:
         drain_timeout_s: float,
         idle_recheck_s: float = 0.5,
         failure_budget: StepFailureBudget,
+        health: GenerationHealth | None = None,
     ) -> None:
         """`rollout` is called with one row and its draw id at a time; a failed group (returned as its exception,
-        or raised) is dropped and replaced until `failure_budget` runs out, which stops collection."""
+        or raised) is dropped and replaced until `failure_budget` runs out, which stops collection. With `health`,
+        a group that failed because a generator died runs again instead, and a RunEndingError stops collection."""
         if max_concurrent_groups < 1:
             raise ValueError(f"max_concurrent_groups must be >= 1, got {max_concurrent_groups}")
         self.initial_version = initial_version
@@ -80,6 +88,7 @@ class Collector:
         self._drain_timeout_s = drain_timeout_s
         self._idle_recheck_s = idle_recheck_s
         self._failure_budget = failure_budget
+        self._health = health
         self._condition = threading.Condition(threading.RLock())
         self._version = initial_version
         self._paused = False
@@ -91,6 +100,7 @@ class Collector:
         self._next_draw_id = 0
         self._num_groups_completed = 0
         self._num_failed_rollouts = 0
+        self._num_rerun_rollouts = 0
         self._failure: tuple[str, BaseException] | None = None
         self._stream = EpochCycler(prompts)  # only the loop thread reads it
         self._drawing_since: float | None = None  # set while the loop reads the stream outside the lock
@@ -120,6 +130,12 @@ class Collector:
     def num_failed_rollouts(self) -> int:
         with self._condition:
             return self._num_failed_rollouts
+
+    @property
+    def num_rerun_rollouts(self) -> int:
+        """Rollouts put back to run again because their generator died (since this collector started)."""
+        with self._condition:
+            return self._num_rerun_rollouts
 
     def set_weight_version(self, version: int) -> None:
         """The generators now hold `version`: new rollouts are tagged with it and the target window moves."""
@@ -162,11 +178,14 @@ class Collector:
         self._failure_budget.reset()
 
     def raise_if_failed(self) -> None:
-        """Deliver a recorded rollout or loop failure to the caller (the driver), with the original as cause."""
+        """Deliver a recorded rollout or loop failure to the caller (the driver), with the original as cause; a
+        RunEndingError as it is (its message is the line the run ends with)."""
         with self._condition:
             failure = self._failure
         if failure is not None:
             message, error = failure
+            if isinstance(error, RunEndingError):
+                raise error
             raise CollectorError(message) from error
 
     @contextmanager
@@ -246,6 +265,12 @@ class Collector:
         """((lowest target still needing groups, how many to start), "") or (None, why nothing may start)."""
         if self._paused:
             return None, REFIT_EVENT_WAIT
+        if self._health is not None:
+            ended = self._health.failure()
+            if ended is not None:
+                raise ended  # the loop records it for the driver
+            if not self._health.serving():
+                return None, GENERATOR_RESTART_WAIT
         if len(self._running) >= self._max_concurrent:
             return None, GENERATION_LIMIT_PAUSE
         needing = [(target, needed) for target in self._targets() if (needed := self._buffer.needed(target)) > 0]
@@ -271,8 +296,9 @@ class Collector:
         if not self._buffer.reserve(target, self._version, [self._pending[index][0] for index in range(count)]):
             raise RuntimeError(f"buffer refused {count} groups for target {target} that it reported as needed")
         draws = [self._pending.popleft() for _ in range(count)]
+        deaths = self._health.deaths() if self._health is not None else 0
         for draw_id, row in draws:
-            self._running[draw_id] = _InFlight(row, target, self._version)
+            self._running[draw_id] = _InFlight(row, target, self._version, deaths)
             thread = threading.Thread(target=self._run_rollout, args=(draw_id, row), name=f"rollout-{draw_id}")
             thread.daemon = True  # a hung rollout must not keep the process alive after stop()
             self._threads.add(thread)
@@ -285,6 +311,12 @@ class Collector:
                 outcome = self._single_outcome(draw_id, self._rollout([row], [draw_id]))
             except Exception as error:  # a raised call fails its one group, like a returned failure
                 outcome = error
+            if isinstance(outcome, RunEndingError):
+                self._record_failure(str(outcome), outcome)
+                return
+            if isinstance(outcome, Exception) and self._lost_to_a_generator_death(draw_id, outcome):
+                self._rerun_later(draw_id)
+                return
             if isinstance(outcome, Exception):  # fault tolerance is the point: counted, replaced or fatal
                 self.time_tally.add(FAILED_TRAJECTORY, time.monotonic() - started)
                 self._rollout_failed(draw_id, outcome)
@@ -313,6 +345,28 @@ class Collector:
             self._running.pop(draw_id)
             self._buffer.add_group(draw_id, trajectories)
             self._num_groups_completed += 1
+            self._condition.notify_all()
+
+    def _lost_to_a_generator_death(self, draw_id: int, error: Exception) -> bool:
+        """Whether the group failed because a generator died while it ran (asked without the lock: it may probe)."""
+        if self._health is None:
+            return False
+        if isinstance(error, GenerationInterrupted):
+            return True
+        with self._condition:
+            in_flight = self._running.get(draw_id)
+        return in_flight is not None and self._health.lost_requests_since(in_flight.generator_deaths)
+
+    def _rerun_later(self, draw_id: int) -> None:
+        """Give the group's reservation back and put its row first in line, under the same draw id: it starts again
+        once the generators serve (with the weights of that moment), and the books never see the lost attempt."""
+        with self._condition:
+            if self._stopping:
+                return
+            in_flight = self._running.pop(draw_id)
+            self._buffer.unreserve(draw_id)
+            self._pending.appendleft((draw_id, in_flight.row))
+            self._num_rerun_rollouts += 1
             self._condition.notify_all()
 
     def _rollout_failed(self, draw_id: int, error: Exception) -> None:
@@ -361,7 +415,8 @@ class Collector:
                 f"paused {self._paused}, loop running {alive}, drawing prompts {drawing}, "
                 f"{len(self._running)} rollouts in flight "
                 f"(draw id -> target: {in_flight}), {len(self._pending)} rows waiting, "
-                f"next draw id {self._next_draw_id}, failure: {self._failure[0] if self._failure else None}"
+                f"next draw id {self._next_draw_id}, {self._num_rerun_rollouts} rollouts rerun after a generator "
+                f"died, failure: {self._failure[0] if self._failure else None}"
             )
 
     def state_dict(self) -> dict[str, Any]:

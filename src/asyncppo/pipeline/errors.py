@@ -3,6 +3,8 @@
 Collector rollout or loop failure --> CollectorError (its __cause__ is the original exception)
 no buffer progress for watchdog_timeout_s, or a weight-update drain that never ends --> StallError
 more prompt groups failed while filling one step than the failure budget allows --> StepFillError
+a rollout's generator process died (it is restarted; the groups run again, books unchanged) --> GenerationInterrupted
+a failure nothing here can mend (a trainer process died, generator restarts ran out) --> RunEndingError, as it is
 
 Messages name a step as the progress line and the metrics do: by `step_number`, counting from 1.
 """
@@ -26,3 +28,16 @@ class StepFillError(RuntimeError):
     """A step's batch could not be filled: more prompt groups failed than the per-step budget allows.
 
     Its __cause__ is the last group's failure; the message names the step, the count and the budget."""
+
+
+class RunEndingError(RuntimeError):
+    """A failure that no retry or replacement mends (a trainer process died, generator restarts ran out).
+
+    It reaches the driver as it is (the collector does not wrap it), and its message is one self-contained line that
+    `asyncppo train` prints before exiting with status 1."""
+
+
+class GenerationInterrupted(RuntimeError):
+    """A rollout lost its generation requests because a generator process died. The generator is restarted and
+    brought to the current weights, and the sources run the rollout's prompt groups again (same draw ids), so
+    nothing is counted as failed and the books do not change."""

@@ -11,7 +11,9 @@ differ in which source it is handed, never in what the driver does.
 Both sources call one rollout type, `GroupRolloutFn`, with one failure contract: a prompt group whose rollout
 failed (after the rollout's own retries) comes back as its exception, and the source drops and replaces it
 within the step's `StepFailureBudget` (a budget of 0: the first failure ends the run); an exception the call
-raises is a failure of every group it was given.
+raises is a failure of every group it was given. Groups that failed because a generator process died while they
+were in flight (`GenerationHealth` says so) are neither: they run again once the generators serve, with the same
+group ids, and the books never see them.
 """
 
 from collections import deque
@@ -22,7 +24,7 @@ from typing import Any, Protocol
 
 from asyncppo.pipeline.buffer import FAILED_ROLLOUT
 from asyncppo.pipeline.dynamic_sampling import DynamicSampling, fill_with_varied_groups
-from asyncppo.pipeline.errors import step_number
+from asyncppo.pipeline.errors import GenerationInterrupted, step_number
 from asyncppo.pipeline.failures import StepFailureBudget
 from asyncppo.pipeline.ledger import AccountingLedger, AccountingReport, find_accounting_problems
 from asyncppo.types import Trajectory
@@ -64,6 +66,32 @@ class PromptBatches(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class GenerationHealth(Protocol):
+    """Whether the generators serve, as the sources see it (`workers/generator_supervisor.py` answers): a generator
+    process that dies is restarted, and the rollouts it cost are run again instead of counted as failures."""
+
+    def deaths(self) -> int:
+        """Generator deaths noticed so far: a mark taken when a rollout starts."""
+        ...
+
+    def lost_requests_since(self, deaths: int) -> bool:
+        """Whether a generator died since the mark `deaths` or is being restarted now (dead processes not noticed
+        yet are looked for first): a rollout started at that mark that failed may have lost its requests."""
+        ...
+
+    def serving(self) -> bool:
+        """Every generator is up with the published weights (no restart in progress)."""
+        ...
+
+    def failure(self) -> Exception | None:
+        """The error that ended generation for good (restarts ran out, a trainer process died), if any."""
+        ...
+
+    def wait_until_serving(self) -> None:
+        """Block until `serving()`; raises `failure()` if generation ends for good meanwhile."""
+        ...
 
 
 class BatchSource(Protocol):
@@ -112,6 +140,7 @@ class SyncBatchSource:
     until the step's failure budget runs out: then StepFillError. Group ids are draw ids, one per row drawn;
     the books record each as trained (handed to the step) or dropped as a failed rollout.
     `reseed` sets the generators' sampling seed (each step's rollouts then do not depend on earlier steps').
+    With `health`, groups a generator's death cost are run again (same group ids) once the generators serve.
     With `dynamic_sampling` the step is filled from whole generation batches and keeps only groups whose rewards
     differ (`pipeline/dynamic_sampling.py`; its filtered and unused groups are dropped with their reasons).
     """
@@ -125,6 +154,7 @@ class SyncBatchSource:
         failure_budget: StepFailureBudget,
         reseed: Callable[[int], None] | None = None,
         dynamic_sampling: DynamicSampling | None = None,
+        health: GenerationHealth | None = None,
     ):
         self._prompts = prompts
         self._rollout = rollout
@@ -132,6 +162,7 @@ class SyncBatchSource:
         self._failures = failure_budget
         self._reseed = reseed
         self._dynamic_sampling = dynamic_sampling
+        self._health = health
         self._iterator: Iterator[list[Row]] | None = None
         self._pending: deque[Row] = deque()
         self._next_group_id = 0
@@ -164,13 +195,11 @@ class SyncBatchSource:
             group_ids = list(range(self._next_group_id, self._next_group_id + len(rows)))
             self._next_group_id += len(rows)
             try:
-                outcomes = self._rollout(rows, group_ids)
+                outcomes = self._roll_out(rows, group_ids)
             except Exception:
                 # The call failed as a whole: its groups are lost with the run, and the books say so.
                 self._ledger.record_dropped(group_ids, FAILED_ROLLOUT)
                 raise
-            if len(outcomes) != len(rows):
-                raise ValueError(f"rollout answered {len(outcomes)} outcomes for {len(rows)} rows")
             for group_id, outcome in zip(group_ids, outcomes, strict=True):
                 if not isinstance(outcome, Exception):
                     groups.append(outcome)
@@ -180,6 +209,31 @@ class SyncBatchSource:
                 if error is not None:
                     raise error
         return groups
+
+    def _roll_out(self, rows: Sequence[Row], group_ids: Sequence[int]) -> list[GroupOutcome]:
+        """The rollout's outcomes, with the groups a generator's death cost run again (same ids) once the generators
+        serve: the call when it raised GenerationInterrupted, else each run of consecutive failed groups."""
+        health = self._health
+        while True:
+            mark = health.deaths() if health is not None else 0
+            try:
+                outcomes = self._rollout(rows, group_ids)
+            except GenerationInterrupted:
+                if health is None:
+                    raise
+                health.wait_until_serving()
+                continue
+            if len(outcomes) != len(rows):
+                raise ValueError(f"rollout answered {len(outcomes)} outcomes for {len(rows)} rows")
+            failed = [index for index, outcome in enumerate(outcomes) if isinstance(outcome, Exception)]
+            if health is None or not failed or not health.lost_requests_since(mark):
+                return outcomes
+            health.wait_until_serving()
+            for run in consecutive_runs(failed):  # rollouts may require consecutive group ids
+                rerun = self._roll_out([rows[index] for index in run], [group_ids[index] for index in run])
+                for index, outcome in zip(run, rerun, strict=True):
+                    outcomes[index] = outcome
+            return outcomes
 
     def _draw(self, step: int, count: int) -> list[Row]:
         """The next `count` rows: rows left over from an earlier refill first, then the stream's batches."""
@@ -242,6 +296,17 @@ class SyncBatchSource:
             next_draw_id=self._next_group_id,
             problems=find_accounting_problems(self._ledger, [], [], self._next_group_id),
         )
+
+
+def consecutive_runs(indices: Sequence[int]) -> list[list[int]]:
+    """Sorted `indices` cut into runs of consecutive numbers: [1, 2, 4] -> [[1, 2], [4]]."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
 
 
 def strict_group_rollouts(rollout: RolloutFn) -> GroupRolloutFn:

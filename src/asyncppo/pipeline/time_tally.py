@@ -2,7 +2,7 @@
 
 collector loop waits / failed rollouts --TimeTally.add--> AsyncBatchSource reads take() per batch:
     async/idle/refit_event_wait, async/idle/generation_limit_pause, async/idle/buffer_full_backoff,
-    async/wasted/failed_trajectory
+    async/idle/generator_restart, async/wasted/failed_trajectory
 driver loop: step timings --driver_idle_breakdown--> async/idle/refit_bubble, async/idle/validation,
     async/efficiency (async/idle/buffer_starvation comes with the batch)
 """
@@ -12,13 +12,20 @@ from collections.abc import Iterable, Mapping
 
 # Why the collector's loop may start no rollout: a weight update is in progress (the collector is paused); every
 # target the staleness window allows is covered, or max_concurrent_groups rollouts already run; the buffer has no
-# free slot (backpressure at reservation).
+# free slot (backpressure at reservation); a generator process died and is being restarted.
 REFIT_EVENT_WAIT = "idle/refit_event_wait"
 GENERATION_LIMIT_PAUSE = "idle/generation_limit_pause"
 BUFFER_FULL_BACKOFF = "idle/buffer_full_backoff"
+GENERATOR_RESTART_WAIT = "idle/generator_restart"
 FAILED_TRAJECTORY = "wasted/failed_trajectory"
 """Rollout seconds (summed over concurrent rollouts, so it can exceed wall time) spent on groups that failed."""
-COLLECTOR_TIME_REASONS = (REFIT_EVENT_WAIT, GENERATION_LIMIT_PAUSE, BUFFER_FULL_BACKOFF, FAILED_TRAJECTORY)
+COLLECTOR_TIME_REASONS = (
+    REFIT_EVENT_WAIT,
+    GENERATION_LIMIT_PAUSE,
+    BUFFER_FULL_BACKOFF,
+    GENERATOR_RESTART_WAIT,
+    FAILED_TRAJECTORY,
+)
 BUFFER_STARVATION = "async/idle/buffer_starvation"
 """The driver's wait for a complete batch (AsyncBatchSource.next_batch)."""
 

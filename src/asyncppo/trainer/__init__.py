@@ -15,17 +15,19 @@ Lifecycle of a run (module in brackets):
   setup, before any process  config rules, the pre-flight (sinks, reward function, training and validation rows),
                              the rollout kind; then device, model directories (tiny: and demo: models built
                              into the cache), tokenizer, end and pad ids, engine settings [setup, preflight]
-  build, before any process  a resume's config checked against its checkpoint's [resume]; devices fitted
-                             [placement]; right before Ray: `config.yaml` (a fresh start) or `config_history/`
-                             (a changed resume) [resume]
+  build, before any process  the checkpoint to resume: the newest that verifies (manifest, run state against the
+                             books) or `--resume-from`'s, hashed once; its config checked against the run's
+                             [resume, run_checkpoints]; devices fitted [placement]; right before Ray:
+                             `config.yaml` (a fresh start) or `config_history/` (a changed resume), a note per
+                             checkpoint passed over, later ones set aside after `--resume-from` [resume]
   build                      Ray (local, loopback) -> policy workers (+ the colocated engine) -> value
                              workers (none for raw_reward) -> generator workers and their weight-sync group
                              (non-colocated) [worker_start] -> rollout functions: gym servers and client, or the
                              reward function [run_inputs, gym_setup]
-  build                      checkpoint manager; the step to resume from; the batch source (sync, or async
+  build                      the resume's checkpoint manager and step; the batch source (sync, or async
                              with its collector) positioned there; metric sinks, metrics.jsonl cut back to
                              that step; the schedule [build, run_checkpoints, run_metrics, schedule]
-  start                      restore the newest complete checkpoint (weights, optimizers, batch source, RNG),
+  start                      restore the resume's checkpoint (weights, optimizers, batch source, RNG),
                              or warm-start the critic on a fresh run; publish the policy as version = step;
                              validate at step 0 (`ppo.val_at_start`) [run_checkpoints, generation_side, loop]
   each step                  reseed generation (sync) -> next batch from the source -> privileged-critic
@@ -41,6 +43,7 @@ Lifecycle of a run (module in brackets):
                              `config.yaml` [run_checkpoints]
   end                        close the batch source, the sinks and the gym servers, then end every worker
                              process [run]
-  stop (SIGTERM / SIGINT)    the step in progress ends and is checkpointed, the run closes, Ray shuts down,
-                             exit 143 / 130; a second signal abandons the step [stopping, loop]
+  stop (SIGTERM / SIGINT)    while the run starts: what started ends at once; once it trains: the step in
+                             progress ends and is checkpointed (a second signal abandons it); then the run
+                             closes, Ray shuts down, one line, exit 143 / 130 [stop_signals, stopping, loop]
 """

@@ -7,7 +7,8 @@
 <run_dir>/critic_data/ holds shard_NNNNN.jsonl (`rollout/shards.py`), source_NNNNN.pt (the batch source's state
 after shard N) and config.yaml. A rerun continues after the last complete shard from its source state; shard N
 samples with seed ppo.seed + 7919 N, so a resumed collection writes what an uninterrupted one would. Gym
-rollouts are retried by the gym client, and failed groups replaced within env.gym.max_failed_groups_per_step.
+rollouts are retried by the gym client, and failed groups replaced within env.gym.max_failed_groups_per_step (reward
+function rollouts: ppo.max_failed_groups_per_step).
 """
 
 import os
@@ -48,6 +49,9 @@ class InProcessGenerator:
 
     def serve_http(self, settings: "PolicyServerSettings") -> list[str]:
         return [self.worker.serve_http(settings)]
+
+    def policy_requests_received(self) -> int:
+        return self.worker.policy_requests_received()
 
     def close(self) -> None:
         self.worker.close()
@@ -94,6 +98,10 @@ def collect_shards(setup: RunSetup, run_dir: Path, *, num_shards: int | None = N
                 "training rows; lower it"
             ]
         )
+    if config.env.should_use_nemo_gym:  # an external gym's URLs answer, or the collection stops before it starts
+        from asyncppo.trainer.gym_setup import wait_for_external_gym
+
+        wait_for_external_gym(config)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.yaml").write_text(dump_config(config))
     worker = load_generator_worker(str(setup.paths.policy), setup.dtype, setup.device, setup.engine, rank=0)

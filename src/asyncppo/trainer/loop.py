@@ -19,6 +19,7 @@ from asyncppo.rollout.reward_components import reward_component_metrics
 from asyncppo.trainer.ppo_step import ppo_step
 from asyncppo.trainer.run import Run
 from asyncppo.types import collate_trajectories
+from asyncppo.workers.ray_host import WorkerDiedError
 
 
 def _never() -> bool:
@@ -32,36 +33,53 @@ def train(run: Run, stop_requested: Callable[[], bool] = _never) -> int:
     holds the state after a completed step): once it answers True the loop saves the last completed step, when
     checkpointing is on and that checkpoint is not already written, and returns. Returns the number of
     completed steps (the restored step when none ran).
+
+    A worker process that dies ends the run with a WorkerDiedError naming its role, rank and the step (a dead
+    generator is restarted instead, within generation.max_restarts: `run.generation` and the batch source see to
+    it, and the loop lets it hand restarted generators the weights while it only waits for rollouts).
     """
     schedule = run.schedule
     loop_started = time.monotonic()
-    start = run.checkpoints.restore()
-    run.generation.publish(version=start, trained=True)  # generators start from the trainer's exact weights
-    policy_has_trained = schedule.policy_has_trained(start)
-    if schedule.validate_at_start(start):
-        # Read the engine counters here too, so the start's validation prefill is not booked on step 1.
-        run.metrics.log(0, {**run.validation.run(0), **run.generation.engine_metrics()})
-    for step in range(start, schedule.max_num_steps):
-        if stop_requested():  # before any step of this process ran: the restored checkpoint already holds it
-            return step
-        metrics, policy_trained = train_step(run, step)
-        policy_has_trained = policy_has_trained or policy_trained
-        completed = step + 1
-        run.metrics.log(completed, metrics)
-        if schedule.accounting_after(completed):
-            run.log_accounting(completed)
-        out_of_time = schedule.out_of_time(time.monotonic() - loop_started)
-        stopping = stop_requested()
-        if schedule.checkpoint_after(completed, stopping=out_of_time or stopping):
-            run.checkpoints.save(completed, metrics, policy_has_trained)
-        if out_of_time:
-            print(
-                f"checkpointing.checkpoint_must_save_by reached after step {completed}: saved and stopped", flush=True
-            )
-            return completed
-        if stopping:
-            return completed  # the caller says why it stopped
-    return max(start, schedule.max_num_steps)
+    in_progress = 1  # the step a worker death interrupts, counted from 1
+    try:
+        start = run.checkpoints.restore()
+        in_progress = start + 1
+        run.generation.publish(version=start, trained=True)  # generators start from the trainer's exact weights
+        policy_has_trained = schedule.policy_has_trained(start)
+        if schedule.validate_at_start(start):
+            # Read the engine counters here too, so the start's validation prefill is not booked on step 1.
+            run.metrics.log(0, {**_validate(run, 0), **run.generation.engine_metrics()})
+        for step in range(start, schedule.max_num_steps):
+            in_progress = step + 1
+            if stop_requested():  # before any step of this process ran: the restored checkpoint already holds it
+                return step
+            metrics, policy_trained = train_step(run, step)
+            policy_has_trained = policy_has_trained or policy_trained
+            completed = step + 1
+            run.metrics.log(completed, metrics)
+            if schedule.accounting_after(completed):
+                run.log_accounting(completed)
+            out_of_time = schedule.out_of_time(time.monotonic() - loop_started)
+            stopping = stop_requested()
+            if schedule.checkpoint_after(completed, stopping=out_of_time or stopping):
+                run.checkpoints.save(completed, metrics, policy_has_trained)
+            if out_of_time:
+                print(
+                    f"checkpointing.checkpoint_must_save_by reached after step {completed}: saved and stopped",
+                    flush=True,
+                )
+                return completed
+            if stopping:
+                return completed  # the caller says why it stopped
+        return max(start, schedule.max_num_steps)
+    except WorkerDiedError as died:
+        raise died.at_step(in_progress) from None  # its one line is the whole story: no traceback to chain
+
+
+def _validate(run: Run, step: int) -> dict[str, float]:
+    """val/* metrics; the trainer only waits for rollouts meanwhile (see GenerationSide.trainer_idle)."""
+    with run.generation.trainer_idle():
+        return run.validation.run(step)
 
 
 def train_step(run: Run, step: int) -> tuple[dict[str, float], bool]:
@@ -69,7 +87,8 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], bool]:
     metrics, whether the policy trained)."""
     started = time.perf_counter()
     run.generation.reseed(step)
-    step_batch = run.source.next_batch(step)
+    with run.generation.trainer_idle():  # a generator restarted meanwhile may get the published weights now
+        step_batch = run.source.next_batch(step)
     generated = time.perf_counter()
     batch = collate_trajectories(step_batch.trajectories, run.pad_token_id)
     prefixes = run.critic_prefixes(step_batch.trajectories)  # privileged critic: None when off
@@ -85,7 +104,7 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], bool]:
     completed = step + 1
     if run.schedule.validate_after(completed):
         validation_started = time.perf_counter()
-        metrics.update(run.validation.run(completed))
+        metrics.update(_validate(run, completed))
         metrics["timing/validation"] = time.perf_counter() - validation_started
     run.records.write(completed, output, step_batch.trajectories, metrics)
     metrics["timing/generation"] = generated - started

@@ -6,9 +6,10 @@ weight sync between the policy and the generators.
     Reservation "generators" (layout.generators):      generator rank k on device k
     policy ranks: one data-parallel group (FSDP2), meeting at policy rank 0's node; critic ranks: another
     WeightSync: policy rank 0 + every generator, meeting at policy rank 0's node IP
+    GeneratorSupervisor: restarts a generator process that dies (generation.max_restarts) and pushes the weights
 
 A device is one GPU on CUDA runs and one logical CPU on CPU runs (`workers/reservations.py`). `placement.json` in
-the run directory records where every rank ran.
+the run directory records where every rank runs and its process id (a restarted generator's new one included).
 """
 
 import json
@@ -24,10 +25,11 @@ from asyncppo.trainer import builders
 from asyncppo.trainer.placement import Layout, ray_address
 from asyncppo.trainer.setup import RunSetup
 from asyncppo.workers.generator_group import GeneratorGroup
+from asyncppo.workers.generator_supervisor import GeneratorSupervisor
 from asyncppo.workers.generator_worker import GeneratorWorker
 from asyncppo.workers.groups import PolicyGroup, ValueGroup, WeightSync
 from asyncppo.workers.host_pool import DeviceSlot, HostOptions
-from asyncppo.workers.ray_host import Built, StartingGroup, WorkerGroup, wait_until_built
+from asyncppo.workers.ray_host import Built, StartingGroup, WorkerGroup, quiet_worker_death_reports, wait_until_built
 from asyncppo.workers.reservations import DeviceResource, PlacementError, Reservation, stop_workers
 
 PLACEMENT_TIMEOUT_S = 120.0
@@ -48,10 +50,17 @@ class StartedWorkers:
     groups: list[WorkerGroup[object]] = field(default_factory=list[WorkerGroup[object]])
     reservations: list[Reservation] = field(default_factory=list[Reservation])
     """The devices the groups sit on, given back after the groups end."""
+    supervisor: GeneratorSupervisor | None = None
+    """Restarts dead generators and pushes the weights (None when generation is colocated)."""
 
     def stop(self, keep: bool = False) -> None:
-        """End the groups and give their devices back (`keep`: see `stop_workers`)."""
-        stop_workers(self.groups, self.reservations, keep)
+        """Stop restarting generators, then end the groups and give their devices back (`keep`: see
+        `stop_workers`)."""
+        try:
+            if self.supervisor is not None:
+                self.supervisor.stop()
+        finally:
+            stop_workers(self.groups, self.reservations, keep)
 
 
 def ray_start_options(config: RunConfig, layout: Layout, gpu: bool) -> dict[str, Any]:
@@ -120,6 +129,7 @@ def start_workers(setup: RunSetup, layout: Layout) -> StartedWorkers:
     gpu = setup.device == "cuda"
     resource: DeviceResource = "GPU" if gpu else "CPU"
     colocated = setup.config.generation.colocated.enabled
+    quiet_worker_death_reports()  # a worker's death is named in one line (or its generator restarted), not by Ray
     launches = _Launches(backend="nccl" if gpu else "gloo")
     try:
         slots = launches.reserve("trainers", layout.trainer_devices, resource).slots()
@@ -149,13 +159,16 @@ def start_workers(setup: RunSetup, layout: Layout) -> StartedWorkers:
         host, port = policy.rendezvous_address(0)  # rank 0 hosts the sync store, on its node's own address
         spec = SyncGroupSpec(host, port, 1 + len(generators), launches.backend, sync.timeout_s)
         weight_sync = WeightSync(policy, generators, spec, sync)
+        generator = GeneratorGroup(generators)
+        supervisor = GeneratorSupervisor(generator, weight_sync, setup.config.generation.max_restarts)
         return StartedWorkers(
             PolicyGroup(policy),
             value_group,
-            GeneratorGroup(generators),
+            generator,
             weight_sync,
             launches.groups,
             launches.reservations,
+            supervisor,
         )
     except BaseException:
         stop_workers(launches.groups, launches.reservations)
@@ -175,14 +188,30 @@ def _launch_generators(
 
 
 def write_placement(path: Path, groups: Sequence[WorkerGroup[object]]) -> list[dict[str, Any]]:
-    """Record where every rank runs (role, rank, Ray node id, node IP) in `path`; returns the records."""
+    """Record where every rank runs (role, rank, process id, Ray node id, node IP) in `path`; returns the records."""
     records = [
-        {"role": group.name, "rank": rank, **asdict(location)}
+        {"role": group.name, "rank": rank, "pid": group.pids[rank], **asdict(location)}
         for group in groups
         for rank, location in enumerate(group.locations())
     ]
-    path.write_text(json.dumps(records, indent=1) + "\n")
+    _write_records(path, records)
     return records
+
+
+def record_restart(path: Path, role: str, rank: int, pid: int | None) -> None:
+    """Put a restarted rank's new process id into the placement record at `path` (it keeps its slot)."""
+    records = json.loads(path.read_text())
+    for record in records:
+        if (record["role"], record["rank"]) == (role, rank):
+            record["pid"] = pid
+    _write_records(path, records)
+
+
+def _write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    # Written aside, then renamed: whoever reads it (an operator, a script looking for a process) never sees half.
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(records, indent=1) + "\n")
+    partial.replace(path)
 
 
 def placement_summary(records: Sequence[dict[str, Any]]) -> str:

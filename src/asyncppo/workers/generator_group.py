@@ -2,18 +2,32 @@
 generation is colocated), used by rollouts, the gym's policy servers and the driver's per-step counters.
 
     rollouts --generate(requests) / submit(request)--> GeneratorGroup --least loaded--> GenerationWorker rank 0..N-1
+                                                             | a rank's process died
+                                                             +--report_death--> GeneratorSupervisor (restarts it)
+
+Without a supervisor (colocated generation: the ranks are the policy workers) a dead rank's WorkerDiedError ends the
+run; with one, the call raises GenerationInterrupted and the batch source runs its groups again once the rank is back.
 """
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import torch
+from ray.exceptions import RayActorError
 
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.workers.ray_host import PendingCall, WorkerCallError, WorkerGroup, named_worker_error
+from asyncppo.pipeline.errors import GenerationInterrupted
+from asyncppo.workers.ray_host import (
+    PendingCall,
+    WorkerCallError,
+    WorkerDiedError,
+    WorkerGroup,
+    death_cause,
+    named_worker_error,
+)
 
 if TYPE_CHECKING:  # the HTTP stack (fastapi, uvicorn) is imported only by runs that serve the gym
     from asyncppo.workers.policy_http import PolicyServerSettings
@@ -21,6 +35,15 @@ if TYPE_CHECKING:  # the HTTP stack (fastapi, uvicorn) is imported only by runs 
 log = logging.getLogger(__name__)
 ENGINE_COUNTERS_TIMEOUT_S = 60.0
 """Bound on the per-step counter read: it waits for at most one engine step, so longer means something is off."""
+Answer = TypeVar("Answer")
+
+
+class DeathListener(Protocol):
+    """Told of every generator process found dead (the GeneratorSupervisor restarts it)."""
+
+    def report_death(self, rank: int, host: Any, cause: str) -> None:
+        """`rank`'s process `host` died (a report about a host already replaced is ignored)."""
+        ...
 
 
 class GenerationWorker(Protocol):
@@ -36,6 +59,8 @@ class GenerationWorker(Protocol):
 
     def serve_http(self, settings: "PolicyServerSettings") -> str: ...
 
+    def policy_requests_received(self) -> int: ...
+
     def policy_version(self) -> int: ...
 
     def weights(self) -> dict[str, torch.Tensor]: ...
@@ -47,12 +72,20 @@ class GeneratorGroup:
     Requests go to the least-loaded rank: the group counts the requests it has sent to each rank and not yet
     had answered (callers share it from many threads: collector threads call `generate`, a policy server's
     event loop calls `submit`), and a count drops when the rank answers, with results or an error. A rank that
-    died fails every call routed to it with a WorkerCallError that names it, so a dead generator stops the run
-    instead of stalling it.
+    died fails every call routed to it at once instead of stalling it: with a death listener (`watch_deaths`), as
+    GenerationInterrupted after reporting the death; without one, with the WorkerDiedError that names it.
+
+    It also remembers what a restarted rank must be given again: the sampling seed and the policy servers' settings
+    and URLs.
     """
 
     def __init__(self, group: WorkerGroup[GenerationWorker]):
         self.group = group
+        self.seed: int | None = None
+        """The last `reseed` seed (None before any)."""
+        self.http: tuple[PolicyServerSettings, list[str]] | None = None
+        """The settings and URLs `serve_http` served with (None: not served)."""
+        self._deaths: DeathListener | None = None
         self._lock = threading.Lock()
         self._in_flight = [0] * len(group)
         # Where the search for the least-loaded rank starts; it moves past each choice. Ties then rotate: lone
@@ -60,6 +93,14 @@ class GeneratorGroup:
         # rank 0, which would leave the other engines idle.
         self._next_rank = 0
         self._counters_enabled = True
+        # Per rank: the last counters read and the sum of those its earlier processes reached (a restarted engine
+        # counts from 0 again; the group's counters stay cumulative).
+        self._last_counters: list[dict[str, float]] = [{} for _ in range(len(group))]
+        self._counters_before_restart: list[dict[str, float]] = [{} for _ in range(len(group))]
+
+    def watch_deaths(self, listener: DeathListener) -> None:
+        """Report every dead rank to `listener` (and raise GenerationInterrupted from the call that found it)."""
+        self._deaths = listener
 
     def in_flight(self) -> list[int]:
         """Requests sent to each rank and not answered yet, in rank order."""
@@ -80,6 +121,7 @@ class GeneratorGroup:
         for unit, rank in zip(units, ranks, strict=True):
             shares[rank].extend(unit)
         calls: list[tuple[list[int], PendingCall[list[GenerationResult]]]] = []
+        hosts = list(self.group.hosts)  # as the calls go out: a death report names the process that died
         for rank, positions in enumerate(shares):
             if not positions:
                 continue
@@ -90,8 +132,12 @@ class GeneratorGroup:
                     self._release(later_rank, len(shares[later_rank]))
                 raise
             calls.append((positions, call))
+        try:
+            answers = self.group.gather([call for _, call in calls])
+        except WorkerDiedError as died:
+            raise self._interrupted(died, hosts[died.rank]) from died
         results: list[GenerationResult | None] = [None] * len(requests)
-        for (positions, _), share_results in zip(calls, self.group.gather([call for _, call in calls]), strict=True):
+        for (positions, _), share_results in zip(calls, answers, strict=True):
             for position, result in zip(positions, share_results, strict=True):
                 results[position] = result
         assert None not in results, "every request is in exactly one share"
@@ -101,14 +147,19 @@ class GeneratorGroup:
         """One request to the least-loaded rank; the future carries its result, or a WorkerCallError that names
         the rank and says what happened (the worker died, or the call failed and why)."""
         (rank,) = self._route([1])
+        host = self.group.hosts[rank]
         _, done = self._start(rank, [request])
         result: Future[GenerationResult] = Future()
         where = f"{self.group.name}[{rank}].generate"
 
         def unwrap(done: "Future[list[GenerationResult]]") -> None:
             error = done.exception()
-            if error is not None:
-                result.set_exception(named_worker_error(where, error))
+            named = None if error is None else named_worker_error(where, error)
+            if named is not None and self._deaths is not None and isinstance(error, RayActorError):
+                self._deaths.report_death(rank, host, death_cause(error))
+                named = GenerationInterrupted(f"{named}; its requests run again once it is back")
+            if named is not None:
+                result.set_exception(named)
             else:
                 result.set_result(done.result()[0])
 
@@ -139,21 +190,53 @@ class GeneratorGroup:
         done.add_done_callback(lambda _: self._release(rank, len(requests)))
         return call, done
 
+    def _interrupted(self, died: WorkerDiedError, host: Any) -> BaseException:
+        """What a call that found `died` raises: GenerationInterrupted once the death is reported, or (nobody to
+        report to) the death itself."""
+        if self._deaths is None:
+            return died
+        self._deaths.report_death(died.rank, host, died.cause)
+        return GenerationInterrupted(
+            f"generator rank {died.rank} died with requests of this call in flight: {died.cause}"
+        )
+
+    def _every_rank(self, method: Callable[..., Answer], *args: Any) -> list[Answer | None]:
+        """`method` on every rank, answers in rank order; with a death listener, a dead rank is reported and
+        answers None (a restarted rank is given the run's state again by the supervisor)."""
+        hosts = list(self.group.hosts)
+        answers: list[Answer | None] = []
+        for call in self.group.submit_all(method, *args):
+            try:
+                answers.append(self.group.gather([call])[0])
+            except WorkerDiedError as died:
+                if self._deaths is None:
+                    raise
+                self._deaths.report_death(died.rank, hosts[died.rank], died.cause)
+                answers.append(None)
+        return answers
+
     def _release(self, rank: int, num_requests: int) -> None:
         with self._lock:
             self._in_flight[rank] -= num_requests
             assert self._in_flight[rank] >= 0, f"rank {rank} answered more requests than it was sent"
 
     def set_policy_version(self, version: int) -> None:
-        self.group.call_all(GenerationWorker.set_policy_version, version)
+        self._every_rank(GenerationWorker.set_policy_version, version)
 
     def reseed(self, seed: int) -> None:
         """Restart every engine's sampling generator (each rank offsets the seed by its rank)."""
-        self.group.call_all(GenerationWorker.reseed, seed)
+        self.seed = seed
+        self._every_rank(GenerationWorker.reseed, seed)
 
     def serve_http(self, settings: "PolicyServerSettings") -> list[str]:
         """Serve every rank's engine to gym agents; their OpenAI base URLs in rank order."""
-        return self.group.call_all(GenerationWorker.serve_http, settings)
+        urls = self.group.call_all(GenerationWorker.serve_http, settings)
+        self.http = (settings, urls)
+        return urls
+
+    def policy_requests_received(self) -> int:
+        """HTTP requests the ranks' policy servers have received, summed (WorkerCallError when a rank fails)."""
+        return sum(self.group.call_all(GenerationWorker.policy_requests_received))
 
     def policy_version(self, rank: int = 0) -> int:
         """The weight version `rank`'s engine generates with."""
@@ -176,11 +259,27 @@ class GeneratorGroup:
             answers = self.group.gather(
                 self.group.submit_all(GenerationWorker.engine_counters), timeout_s=ENGINE_COUNTERS_TIMEOUT_S
             )
+        except WorkerDiedError:
+            if self._deaths is None:
+                raise
+            return {}  # read again next step, once the rank is restarted (its death is the supervisor's to find)
         except WorkerCallError as error:
             self._counters_enabled = False
             log.warning("generation engine counters are not reported from now on: %s", error)
             return {}
-        return sum_counters(answers)
+        return sum_counters(self._carried_over_restarts(answers))
+
+    def _carried_over_restarts(self, answers: list[dict[str, float]]) -> list[dict[str, float]]:
+        """Each rank's counters since the run started: a rank whose counters went down was restarted, so what its
+        earlier processes counted is added to what the new one counts."""
+        totals = []
+        for rank, answer in enumerate(answers):
+            last = self._last_counters[rank]
+            if any(answer.get(name, 0.0) < value for name, value in last.items()):
+                self._counters_before_restart[rank] = sum_counters([self._counters_before_restart[rank], last])
+            self._last_counters[rank] = answer
+            totals.append(sum_counters([self._counters_before_restart[rank], answer]))
+        return totals
 
 
 def prompt_units(requests: Sequence[GenerationRequest]) -> list[range]:

@@ -5,6 +5,9 @@ pushed weights between batches; colocated, the policy worker builds one over its
 weights in place; graph copies them on `set_policy_version`). The driver reaches it through `workers/groups.py`.
 
     PolicyWorker (rank 0) --push_weights(version)--> sync group --receive_weights(version)--> GeneratorWorker
+
+`open_sync` may be called again (the driver reconnects every generator after one was restarted): the new group
+replaces the old one, whose transfer in progress, if any, fails and ends.
 """
 
 import threading
@@ -38,13 +41,18 @@ class GeneratorWorker:
         self._sync_lock = threading.Lock()
         self._server: PolicyServer | None = None
 
-    def serve_http(self, settings: "PolicyServerSettings") -> str:
-        """Serve this engine to gym agents; returns the OpenAI base URL (`http://host:port/v1`)."""
+    def serve_http(self, settings: "PolicyServerSettings", port: int | None = None) -> str:
+        """Serve this engine to gym agents; returns the OpenAI base URL (`http://host:port/v1`). `port`: listen
+        exactly there (a restarted generator takes the port its predecessor served, which the agents were given)."""
         if self._server is None:
             from asyncppo.workers.policy_http import start_policy_server
 
-            self._server = start_policy_server(self.generator, settings, self.rank)
+            self._server = start_policy_server(self.generator, settings, self.rank, port=port)
         return self._server.url
+
+    def policy_requests_received(self) -> int:
+        """HTTP requests this engine's policy server has received (0 when it serves none)."""
+        return 0 if self._server is None else self._server.requests_received
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         return self.generator.generate(requests)
@@ -55,10 +63,19 @@ class GeneratorWorker:
         if missing:
             raise ValueError(f"generator rank {self.rank}: the trainer sends {missing[0]}, which this model lacks")
         check_param_specs(specs, [ParamSpec(spec.name, tuple(own[spec.name].shape), spec.dtype) for spec in specs])
-        self._specs = list(specs)
         device = next(self.model.parameters()).device if spec.backend == "nccl" else torch.device("cpu")
+        old = self._receiver
+        if old is not None and spec.backend == "nccl":
+            # A receive still waiting on the old group (its push broke off) would wait out the whole timeout on
+            # NCCL; aborting the communicator ends it now. On gloo, the sender closing its end already ends it.
+            old.abort()
+        # Joined without the lock: a receive of the old group may hold it until the sender closes that group.
         group = open_sync_group(spec, rank=sync_rank, device=device)
-        self._receiver = WeightReceiver(group, specs, bucket_size_bytes)
+        with self._sync_lock:
+            if old is not None:
+                old.close()
+            self._specs = list(specs)
+            self._receiver = WeightReceiver(group, specs, bucket_size_bytes)
 
     def receive_weights(self, version: int, compute_checksum: bool) -> str | None:
         """Receive a push, load it into the engine (paused meanwhile) and return the new weights' checksum."""

@@ -12,6 +12,7 @@ in-process workers and the test fakes all provide them.
 """
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,7 +24,7 @@ from asyncppo.distributed.weight_sync import PushReport, check_checksums
 from asyncppo.types import TrainBatch
 from asyncppo.workers.generator_worker import GeneratorWorker
 from asyncppo.workers.policy_worker import PolicyWorker
-from asyncppo.workers.ray_host import PendingCall, WorkerGroup
+from asyncppo.workers.ray_host import PendingCall, WorkerCallError, WorkerDiedError, WorkerGroup, gather_named
 from asyncppo.workers.value_worker import Offsets, ValueWorker
 
 
@@ -115,7 +116,8 @@ class ValueGroup:
 
 class WeightSync:
     """Pushes the policy from policy rank 0 to every generator rank and verifies the copies. The other policy ranks
-    take part in every push: they gather their shards of each tensor with rank 0."""
+    take part in every push: they gather their shards of each tensor with rank 0. After a generator is restarted (or
+    a push broke off part-way), `reconnect` opens a fresh sync group with every rank as it is now."""
 
     def __init__(
         self,
@@ -129,25 +131,43 @@ class WeightSync:
         self.settings = settings
         self.spec = spec
         self.num_pushes = 0
-        specs = policy.call_all(PolicyWorker.param_specs)[0]
+        self.specs = policy.call_all(PolicyWorker.param_specs)[0]
+        self._open()
+
+    def reconnect(self) -> None:
+        """Open a fresh sync group (a new port on policy rank 0's node) with every rank as it is now; each member
+        closes its old group as it joins, which also ends a transfer its old group still waited on."""
+        host, port = self.policy.rendezvous_address(0)
+        self.spec = replace(self.spec, host=host, port=port)
+        self._open()
+
+    def _open(self) -> None:
+        spec, bucket_bytes = self.spec, self.settings.bucket_size_bytes
         # Every participant must join at once: waiting on rank 0 alone would deadlock the rendezvous.
-        calls: list[PendingCall[None]] = [
-            policy.submit(0, PolicyWorker.open_sync, spec, specs, settings.bucket_size_bytes)
+        calls: list[tuple[WorkerGroup[Any], PendingCall[Any]]] = [
+            (self.policy, self.policy.submit(0, PolicyWorker.open_sync, spec, self.specs, bucket_bytes))
         ]
         calls += [
-            generators.submit(rank, GeneratorWorker.open_sync, spec, rank + 1, specs, settings.bucket_size_bytes)
-            for rank in range(len(generators))
+            (
+                self.generators,
+                self.generators.submit(rank, GeneratorWorker.open_sync, spec, rank + 1, self.specs, bucket_bytes),
+            )
+            for rank in range(len(self.generators))
         ]
         self._gather(calls, "open_sync", spec.timeout_s + 30)
 
-    def push(self, version: int) -> PushReport:
-        """Broadcast the current policy as `version`; compare checksums every checksum_period pushes."""
+    def push(self, version: int, check: bool | None = None) -> PushReport:
+        """Broadcast the current policy as `version`; compare checksums every checksum_period pushes (`check`: always
+        or never)."""
         self.num_pushes += 1
         period = self.settings.checksum_period
-        check = period > 0 and self.num_pushes % period == 0
-        calls: list[PendingCall[Any]] = list(self.policy.submit_all(PolicyWorker.push_weights, version, check))
+        if check is None:
+            check = period > 0 and self.num_pushes % period == 0
+        calls: list[tuple[WorkerGroup[Any], PendingCall[Any]]] = [
+            (self.policy, call) for call in self.policy.submit_all(PolicyWorker.push_weights, version, check)
+        ]
         calls += [
-            self.generators.submit(rank, GeneratorWorker.receive_weights, version, check)
+            (self.generators, self.generators.submit(rank, GeneratorWorker.receive_weights, version, check))
             for rank in range(len(self.generators))
         ]
         results = self._gather(calls, "push", self.settings.timeout_s + 30)
@@ -159,14 +179,14 @@ class WeightSync:
             check_checksums(report.checksum, received, version)
         return report
 
-    def _gather(self, calls: Iterable[PendingCall[Any]], what: str, timeout_s: float) -> list[Any]:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayTaskError
-
+    def _gather(
+        self, calls: Iterable[tuple[WorkerGroup[Any], PendingCall[Any]]], what: str, timeout_s: float
+    ) -> list[Any]:
+        """The calls' results; the first failure at once: a WorkerDiedError as it is (the caller may restart a
+        generator), anything else as a WeightSyncError naming the call."""
         try:
-            return list(ray.get([call.ref for call in calls], timeout=timeout_s))
-        except GetTimeoutError:
-            raise WeightSyncError(f"weight sync {what} did not finish within {timeout_s:.0f} s") from None
-        except RayTaskError as error:
-            cause = error.cause if isinstance(error.cause, BaseException) else error
-            raise WeightSyncError(f"weight sync {what} failed: {type(cause).__name__}: {cause}") from error
+            return gather_named(list(calls), timeout_s)
+        except WorkerDiedError:
+            raise
+        except WorkerCallError as error:
+            raise WeightSyncError(f"weight sync {what} failed: {error}") from error

@@ -10,10 +10,14 @@ A call names its method by the worker class's own function, so the type checker 
 result; the host runs the method of that name on its worker (an override in a subclass wins). Only the facade
 (`workers/groups.py`) and weight-sync wiring call into groups. Every worker class stays a plain class (usable
 in-process, in tests); this module is the only place that knows they run in Ray actors. Calls wait with a
-timeout and re-raise the worker's own error.
+timeout and re-raise the worker's own error; a worker whose process died is a WorkerDiedError naming its role, rank
+and process id, and a rank outside a data-parallel group can be started afresh in its slot (`WorkerGroup.replace`).
 """
 
+import contextlib
+import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -23,17 +27,20 @@ import time
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
 import ray._private.ray_constants as ray_constants
+import ray._private.utils as ray_utils
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncppo.distributed.default_group import Rendezvous, join_default_group
 from asyncppo.distributed.process_group import is_loopback
+from asyncppo.pipeline.errors import RunEndingError
 from asyncppo.workers.host_pool import DeviceSlot, HostOptions, keeping_hosts, take_idle_host
 
 LOCAL_HOST = "127.0.0.1"
@@ -46,17 +53,74 @@ Worker = TypeVar("Worker", covariant=True)
 Built = TypeVar("Built")
 Params = ParamSpec("Params")
 Result = TypeVar("Result")
+RAYLET_WORKER_DIED = "A worker died or was killed"
+"""How the raylet's report of a worker process that died mid-task starts (see `quiet_worker_death_reports`)."""
+RESUME_HINT = "the run stops; rerun the same command to resume from its last checkpoint"
+
+log = logging.getLogger(__name__)
 
 
 class WorkerCallError(RuntimeError):
     """A call into a worker failed or timed out; the message names the group, rank and method."""
 
 
+class WorkerDiedError(RunEndingError, WorkerCallError):
+    """A worker's process died (killed, crashed): one line naming the role, the rank, the process id, the step (the
+    driver adds it, `at_step`) and what Ray says of the exit. A generator's death is mended by a restart where
+    generation.max_restarts allows; a trainer's ends the run."""
+
+    def __init__(
+        self, role: str, rank: int, pid: int | None, cause: str, step: int | None = None, outcome: str = RESUME_HINT
+    ) -> None:
+        self.role, self.rank, self.pid, self.cause, self.step, self.outcome = role, rank, pid, cause, step, outcome
+        process = f", pid {pid}" if pid is not None else ""
+        when = f" during step {step}" if step is not None else ""
+        super().__init__(f"the {role} worker (rank {rank}{process}) died{when}: {cause}; {outcome}")
+
+    def at_step(self, step: int) -> "WorkerDiedError":
+        """This death, naming `step` (counted from 1) unless it names one already."""
+        if self.step is not None:
+            return self
+        return WorkerDiedError(self.role, self.rank, self.pid, self.cause, step, self.outcome)
+
+
+def death_cause(error: RayActorError) -> str:
+    """What Ray's error says of a worker process's end, in a few words (its paragraph guesses at OOM killers)."""
+    exit_type = re.search(r"Worker exit type: (\w+)", str(error))
+    detail = f" (Ray exit type {exit_type.group(1)})" if exit_type else ""
+    return f"its process ended unexpectedly{detail}"
+
+
+def quiet_worker_death_reports() -> None:
+    """Send the raylet's report of a worker process that died mid-task to the log (debug) instead of the console.
+
+    Ray's driver prints it as a paragraph that guesses at OOM killers; the run names the dead worker in one line
+    itself (WorkerDiedError), or restarts a dead generator and says so. Ray's listener of error reports looks up
+    `print_to_stdstream` in its module at every report, so replacing that name changes what it prints; the worker
+    log printer bound the function when Ray started and keeps it. Every other report is printed as before.
+    """
+    import ray._private.worker as ray_worker
+
+    printer = ray_worker.print_to_stdstream
+    if getattr(printer, "quiet_worker_deaths", False):
+        return
+
+    def print_unless_worker_death(data: dict[str, Any], ignore_prefix: bool) -> None:
+        lines = [str(line) for line in data.get("lines", [])]
+        if data.get("pid") == "raylet" and lines and all(line.startswith(RAYLET_WORKER_DIED) for line in lines):
+            log.debug("raylet: %s", " ".join(lines))
+            return
+        printer(data, ignore_prefix)
+
+    print_unless_worker_death.quiet_worker_deaths = True  # pyright: ignore[reportFunctionMemberAccess]  # a marker
+    ray_worker.print_to_stdstream = print_unless_worker_death
+
+
 def named_worker_error(where: str, error: BaseException) -> BaseException:
     """Ray's error of a call into `where` (`generator[1].generate`) as a WorkerCallError that names it; an error
     that did not come from Ray is returned as it is."""
     if isinstance(error, RayActorError):
-        named = WorkerCallError(f"{where}: the worker process died ({error})")
+        named = WorkerCallError(f"{where}: the worker process died: {death_cause(error)}")
     elif isinstance(error, RayTaskError):
         cause = error.cause if isinstance(error.cause, BaseException) else error
         named = WorkerCallError(f"{where} failed: {type(cause).__name__}: {cause}")
@@ -73,32 +137,33 @@ def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: s
     loopback address (`ray start --head --node-ip-address 127.0.0.1`) is looked for there, any other address as Ray
     does.
 
-    A SIGTERM or SIGINT handler the process installed before is put back afterwards: `ray.init` replaces the
-    driver's SIGTERM handler with its own (one that tears the local cluster down and exits with status 1), which
-    would skip the caller's clean stop (`asyncppo train` saves a checkpoint first).
+    A SIGTERM or SIGINT handler the process installed before stays in charge, but only once Ray has started: while
+    `ray.init` runs, the two signals are held and handed to that handler when it returns. Ray would otherwise replace
+    the driver's SIGTERM handler with its own twice (one that exits with status 15, then one that tears the local
+    cluster down and exits with status 1), skipping the caller's clean stop; and a start cut short half-way leaves
+    daemons (Ray's agents) that no shutdown finds, while a started cluster ends with `shutdown_ray`.
     """
     if ray.is_initialized():
         return
     own_handlers = _own_signal_handlers()
     if address is None or _is_loopback_address(address):
         keep_ray_on_loopback()
-    if address is not None:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(
-            # "local": always a new cluster of this run's own. Without it Ray joins any cluster that `ray start`
-            # left on this machine, and then refuses the sizes below.
-            address="local",
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            include_dashboard=False,
-            object_store_memory=OBJECT_STORE_BYTES,
-            _node_ip_address=LOCAL_HOST,
-            log_to_driver=True,
-            configure_logging=False,
-        )
-    for signum, handler in own_handlers.items():
-        signal.signal(signum, handler)
+    with _signals_held_for(own_handlers):
+        if address is not None:
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(
+                # "local": always a new cluster of this run's own. Without it Ray joins any cluster that `ray start`
+                # left on this machine, and then refuses the sizes below.
+                address="local",
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                include_dashboard=False,
+                object_store_memory=OBJECT_STORE_BYTES,
+                _node_ip_address=LOCAL_HOST,
+                log_to_driver=True,
+                configure_logging=False,
+            )
     node_ip = ray.util.get_node_ip_address()
     if address is None and not is_loopback(node_ip):
         ray.shutdown()
@@ -126,6 +191,36 @@ def keep_ray_on_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+@contextlib.contextmanager
+def _signals_held_for(handlers: dict[int, Any]) -> Generator[None]:
+    """While the block runs, the signals of `handlers` are only recorded (and Ray's helper that installs its SIGTERM
+    handlers does nothing); afterwards `handlers` are in place and each signal recorded is raised again for them."""
+    if not handlers:
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, _: FrameType | None) -> None:
+        held.append(signum)
+
+    for signum in handlers:
+        signal.signal(signum, hold)
+    installer = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = _leave_sigterm_handler
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = installer
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for signum in held:
+            signal.raise_signal(signum)  # the handler runs now (an exception it raises ends the caller's start)
+
+
+def _leave_sigterm_handler(handler: Callable[[int, FrameType | None], Any]) -> None:
+    """Stands in for Ray's `set_sigterm_handler` while signals are held: the handler is not installed."""
+
+
 def _own_signal_handlers() -> dict[int, Any]:
     """The SIGTERM / SIGINT handlers the process installed (Python's defaults excluded), by signal number."""
     if threading.current_thread() is not threading.main_thread():
@@ -139,9 +234,9 @@ def _own_signal_handlers() -> dict[int, Any]:
 
 
 def shutdown_ray() -> None:
-    """Disconnect from Ray; a local cluster that `init_local_ray` started ends with every process it ran."""
-    if ray.is_initialized():
-        ray.shutdown()
+    """Disconnect from Ray; a local cluster that `init_local_ray` started ends with every process it ran, also one
+    whose start a signal interrupted (Ray is then not initialized, but its daemons may run)."""
+    ray.shutdown()  # a no-op when nothing was started
 
 
 @dataclass(frozen=True)
@@ -177,11 +272,13 @@ class WorkerHost:
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
 
-    def build(self, factory: Callable[[], Any], rank: int, rendezvous: Rendezvous | None) -> None:
-        """Join the data-parallel group (when there is one), then build the worker: its model shards over the group."""
+    def build(self, factory: Callable[[], Any], rank: int, rendezvous: Rendezvous | None) -> int:
+        """Join the data-parallel group (when there is one), then build the worker: its model shards over the group.
+        Returns this process's id (errors name it when the process dies)."""
         if rendezvous is not None:
             join_default_group(rendezvous, rank)
         self._target = factory()
+        return os.getpid()
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run the worker's method `method` (a name taken from a typed `WorkerGroup` call)."""
@@ -253,6 +350,10 @@ class WorkerGroup(Generic[Worker]):
         self.options = options if options is not None else HostOptions()
         self.slots: list[DeviceSlot | None] = [None] * len(self.hosts)
         """The slot each host was started in (None: outside any placement group), in rank order."""
+        self.pids: list[int | None] = [None] * len(self.hosts)
+        """Each host's process id once its worker is built (None before), in rank order."""
+        self.factories: list[Callable[[], Any]] = []
+        """Each rank's worker factory (`launch`'s), for `replace`."""
 
     # A static method with its own type variable: pyright infers the worker type from the factories only here
     # (through a classmethod on the unparameterized `WorkerGroup` it stays Unknown).
@@ -276,12 +377,14 @@ class WorkerGroup(Generic[Worker]):
         if slots is not None and len(slots) != len(factories):
             raise ValueError(f"{name}: {len(factories)} workers but {len(slots)} placement slots")
         group = WorkerGroup[Built](name, [], timeout_s, options)
+        group.factories = list(factories)
         try:
             # Appended one by one so a failure part-way ends the hosts already started.
             for rank in range(len(factories)):
                 slot = None if slots is None else slots[rank]
                 group.hosts.append(start_host(options, slot))
                 group.slots.append(slot)
+                group.pids.append(None)
             rendezvous = None
             if data_parallel is not None and len(factories) > 1:
                 host, port = group.rendezvous_address(0)
@@ -333,7 +436,7 @@ class WorkerGroup(Generic[Worker]):
         raised at once, naming the group, rank and method, even while other ranks still wait for it in a
         collective; past the timeout the error names the first call still running."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        return _gather_named([(self, call) for call in calls], timeout)
+        return gather_named([(self, call) for call in calls], timeout)
 
     def where(self, call: PendingCall[Any]) -> str:
         """The call as errors name it: `group[rank].method`."""
@@ -355,6 +458,28 @@ class WorkerGroup(Generic[Worker]):
         """Run `method` on one rank."""
         return self.gather([self.submit(rank, method, *args, **kwargs)])[0]
 
+    def died(self, rank: int, error: RayActorError) -> WorkerDiedError:
+        """The death of `rank`'s process, as Ray reported it, named by role, rank and process id."""
+        return WorkerDiedError(self.name, rank, self.pids[rank], death_cause(error))
+
+    def replace(self, rank: int, timeout_s: float) -> None:
+        """Start a fresh host for `rank` in the slot of the one it replaces (which died), build its worker from the
+        same factory (without a data-parallel group: for generators), then route the rank's calls to it. The old
+        host is ended first in case it lingers; a new one that fails to build is ended too and the error raised (a
+        WorkerDiedError naming its start when its process died as well)."""
+        ray.kill(self.hosts[rank])  # a dead host's kill is a no-op
+        host = start_host(self.options, self.slots[rank])
+        build = PendingCall(host.build.remote(self.factories[rank], rank, None), rank, "build")
+        try:
+            (pid,) = ray.get([build.ref], timeout=timeout_s)
+        except RayActorError as error:
+            raise WorkerDiedError(self.name, rank, None, f"{death_cause(error)} while it was starting") from error
+        except (RayError, TimeoutError) as error:
+            ray.kill(host)
+            raise named_worker_error(f"{self.where(build)} (a restart)", error) from error
+        self.hosts[rank] = host
+        self.pids[rank] = pid
+
     def kill(self) -> None:
         """End every host process of the group."""
         for host in self.hosts:
@@ -374,24 +499,80 @@ def wait_until_built(starting: Sequence[StartingGroup[Any]]) -> None:
     once, naming its group and rank, and past the longest of the groups' timeouts the error names a build still
     running. The caller ends the groups on failure."""
     timeout = max((one.group.timeout_s for one in starting), default=0.0)
-    _gather_named([(one.group, call) for one in starting for call in one.builds], timeout)
+    calls = [(one.group, call) for one in starting for call in one.builds]
+    for (group, call), pid in zip(calls, gather_named(calls, timeout), strict=True):
+        group.pids[call.rank] = pid
 
 
-def _gather_named(calls: Sequence[tuple[WorkerGroup[Any], PendingCall[Any]]], timeout_s: float) -> list[Any]:
+def gather_named(calls: Sequence[tuple[WorkerGroup[Any], PendingCall[Any]]], timeout_s: float) -> list[Any]:
     """The results of calls into one or more groups, in the order given; waits for them in the order they finish so
-    the first failure is raised at once, as a WorkerCallError naming `group[rank].method`."""
+    the first failure is raised at once, as a WorkerCallError naming `group[rank].method` (a WorkerDiedError when
+    the rank's process died)."""
     deadline = time.monotonic() + timeout_s
     pending = {call.ref: (group, call) for group, call in calls}
     results: dict[Any, Any] = {}
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
-        if not done:
-            group, first = next(iter(pending.values()))
-            raise WorkerCallError(f"{group.where(first)} did not finish within {timeout_s:.0f} s")
-        for ref in done:
-            group, call = pending.pop(ref)
-            try:
-                results[ref] = ray.get(ref)
-            except RayError as error:
-                raise named_worker_error(group.where(call), error) from error
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+            if not done:
+                group, first = next(iter(pending.values()))
+                raise WorkerCallError(f"{group.where(first)} did not finish within {timeout_s:.0f} s")
+            for ref in done:
+                group, call = pending.pop(ref)
+                try:
+                    results[ref] = ray.get(ref)
+                except RayActorError as error:
+                    raise group.died(call.rank, error) from error
+                except RayError as error:
+                    raise named_worker_error(group.where(call), error) from error
+    finally:
+        abandon(list(pending))  # left running by a failure raised above
     return [results[call.ref] for _, call in calls]
+
+
+def abandon(refs: Sequence[Any]) -> None:
+    """Let calls whose results nobody will read finish in the background: they are read there as they end, their
+    errors logged at debug level. (A failed call that is never read makes Ray print its traceback when the ref
+    is dropped; these are calls left behind by a failure already raised, such as the rest of a broken push.)"""
+    if refs:
+        _abandoned.add(refs)
+
+
+class _AbandonedCalls:
+    """The background reader of abandoned calls: one daemon thread, started by the first abandoned call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refs: list[Any] = []
+        self._thread: threading.Thread | None = None
+
+    def add(self, refs: Sequence[Any]) -> None:
+        with self._lock:
+            self._refs.extend(refs)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._read, name="abandoned-ray-calls", daemon=True)
+                self._thread.start()
+
+    def _read(self) -> None:
+        while True:
+            with self._lock:
+                refs, self._refs = self._refs, []
+                if not refs:
+                    self._thread = None
+                    return
+            try:
+                done, left = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+            except RayError:  # Ray shut down meanwhile: nothing is left to read
+                with self._lock:
+                    self._refs, self._thread = [], None
+                return
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayError as error:  # the failure this call shared was raised where it was found
+                    log.debug("an abandoned worker call failed: %s", type(error).__name__)
+            with self._lock:
+                self._refs.extend(left)
+
+
+_abandoned = _AbandonedCalls()
