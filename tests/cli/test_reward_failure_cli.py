@@ -37,7 +37,7 @@ def test_a_raising_reward_function_ends_the_run_in_one_line_naming_it(
     assert "Traceback" not in captured.err
     (line,) = [line for line in captured.err.splitlines() if line.startswith("error: ")]
     assert line.startswith(
-        "error: step 1 could not be filled: 1 prompt groups failed while filling it, more than "
+        "error: step 1 could not be filled: 1 prompt group failed while filling it, more than "
         "ppo.max_failed_groups_per_step=0; last failure (group "
     )
     assert (

@@ -65,7 +65,7 @@ def test_a_failing_rollout_reaches_the_driver_with_its_cause(raise_failures: boo
     # Without a failure budget (0), the first failed group stops collection, returned or raised alike.
     setup = build(ListPrompts(100, 2), FakeGenerator(fail_on=frozenset({3}), raise_failures=raise_failures))
     try:
-        with pytest.raises(CollectorError, match=r"could not be filled: 1 prompt groups failed.*\(group 3\)") as raised:
+        with pytest.raises(CollectorError, match=r"could not be filled: 1 prompt group failed.*\(group 3\)") as raised:
             run_steps(setup, range(5))
         assert isinstance(raised.value.__cause__, StepFillError)
         assert isinstance(raised.value.__cause__.__cause__, RuntimeError)

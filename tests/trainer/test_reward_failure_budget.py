@@ -77,7 +77,7 @@ def test_with_no_budget_the_first_raising_group_stops_the_step_naming_the_functi
         source.next_batch(0)
     message = str(raised.value)
     assert message.startswith(
-        "step 1 could not be filled: 1 prompt groups failed while filling it, more than "
+        "step 1 could not be filled: 1 prompt group failed while filling it, more than "
         "ppo.max_failed_groups_per_step=0; last failure (group "
     )
     assert f"RewardFunctionError: reward function {__name__}._failing_on.<locals>.reward raised ValueError: " in message

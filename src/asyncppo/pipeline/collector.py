@@ -386,7 +386,9 @@ class Collector:
         with self._condition:
             if self._failure is None:  # the first failure is the cause; later ones are its consequences
                 self._failure = (message, error)
-                log.error("collector failed: %s", message)
+                # Debug only: the driver raises it as a CollectorError and `asyncppo train` prints it as its one
+                # `error:` line; logging it here too put the same failure on the console twice.
+                log.debug("collector failed: %s", message)
             self._condition.notify_all()
         self._buffer.signal()
 

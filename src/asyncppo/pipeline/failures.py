@@ -74,8 +74,9 @@ class StepFailureBudget:
             )
             return None
         failure = StepFillError(
-            f"step {step_number(step)} could not be filled: {count} prompt groups failed while filling it, more than "
-            f"{self.budget_key}={self.max_failures}; last failure (group {group_id}): {type(error).__name__}: {error}"
+            f"step {step_number(step)} could not be filled: {count} prompt {'group' if count == 1 else 'groups'} "
+            f"failed while filling it, more than {self.budget_key}={self.max_failures}; last failure (group "
+            f"{group_id}): {type(error).__name__}: {error}"
         )
         failure.__cause__ = error
         return failure
