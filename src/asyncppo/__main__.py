@@ -1,7 +1,5 @@
 """`python -m asyncppo` runs the command line."""
 
-import sys
+from asyncppo.cli.main import run_as_program
 
-from asyncppo.cli.main import main
-
-sys.exit(main())
+run_as_program()

@@ -18,14 +18,19 @@ with status 1.
 """
 
 import argparse
+import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
 from asyncppo.config import ConfigError
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
+SIGNAL_STOP_STATUSES = (128 + signal.SIGTERM, 128 + signal.SIGINT)
+"""What `asyncppo train` returns when SIGTERM (143) or SIGINT (130) stopped the run."""
 
 
 GYM_SERVE_DESCRIPTION = """\
@@ -232,5 +237,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise AssertionError(f"unhandled command {args.command!r}")
 
 
+def run_as_program() -> NoReturn:
+    """The `asyncppo` program (console script and `python -m asyncppo`): main() on sys.argv, then exit with its
+    status.
+
+    A run that a signal stopped has stopped everything it started and printed its line by now, and ends here at
+    once (os._exit, after flushing), not through the interpreter's teardown. Our handler's KeyboardInterrupt may
+    have passed through a nested PyRun_* call of some library's native code (pybind11's exec, while torch or
+    Ray imports): CPython then remembers an "unhandled" KeyboardInterrupt, and `python -m` ends such a process by
+    SIGINT after its teardown, whatever status it was given. The chaos harness saw it in 2 of 12 start-up stops
+    (the stop line, then status -2 instead of 143). A later SIGTERM or SIGINT changes nothing either."""
+    status = main()
+    if status in SIGNAL_STOP_STATUSES:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_program()

@@ -11,7 +11,6 @@ cli/main.py.
 """
 
 import argparse
-import signal
 
 from asyncppo.api import train
 
@@ -22,13 +21,6 @@ def run_train_command(args: argparse.Namespace) -> int:
     # The config's directory is searched for `env.reward_function: module:function` (with the working directory),
     # so a reward module beside the config imports without PYTHONPATH.
     result = train(args.config, overrides=args.overrides, run_dir=args.run_dir, resume_from=args.resume_from)
-    if result.stopped is not None:
-        # The run has stopped and is about to say so. From here a late SIGTERM or SIGINT (a second Ctrl-C, one
-        # passed on by a Ray daemon as it ends) changes nothing: without this, one arriving while the interpreter
-        # exits (after its teardown has put SIGINT back to the default action) ends the process by that signal
-        # instead of with the promised 143 / 130. Ignored dispositions survive the teardown; handlers do not.
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, signal.SIG_IGN)
     print(result.stopped or f"run directory: {result.run_dir}", flush=True)
     if result.report is not None:
         print(f"report: {result.report}", flush=True)
