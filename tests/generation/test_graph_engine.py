@@ -11,9 +11,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel
 
 from asyncppo.generation.decoder_weights import UnsupportedModelError
-from asyncppo.generation.engines import EngineSettings, build_engine, graph_engine_settings
+from asyncppo.generation.engines import EngineSettings, build_engine
 from asyncppo.generation.graph_engine import GraphEngine
-from asyncppo.generation.graph_generator import GraphGenerator
+from asyncppo.generation.graph_generator import GraphGenerator, graph_engine_settings
 from asyncppo.generation.graph_settings import GraphEngineSettings
 from asyncppo.generation.hf_generator import HFGenerator
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult, SamplingParams

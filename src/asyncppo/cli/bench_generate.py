@@ -77,7 +77,7 @@ def run_bench_generate_command(args: argparse.Namespace) -> int:
     for case in cases:
         settings = dataclasses.replace(
             base,
-            backend=case.backend,  # pyright: ignore[reportArgumentType]  # checked above
+            backend=case.backend,
             max_batch_size=case.batch_size,
             max_context_length=case.prompt_tokens + case.new_tokens,
         )

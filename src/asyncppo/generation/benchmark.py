@@ -24,11 +24,11 @@ from typing import Literal
 
 import torch
 
-from asyncppo.generation.engines import Engine
-from asyncppo.generation.graph_generator import GraphGenerator
-from asyncppo.generation.protocol import GenerationRequest, SamplingParams
+from asyncppo.generation.protocol import GenerationRequest, Generator, SamplingParams
 
 CaseKind = Literal["fixed", "variable"]
+STEP_COUNTERS = ("decode_steps", "decode_seconds", "decode_rows", "prefill_seconds")
+"""Engine counters of its decode and prefill steps (the graph engine keeps them; hf decodes whole batches)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def case_requests(case: BenchCase, vocab_size: int, seed: int) -> list[Generatio
 
 def run_case(
     case: BenchCase,
-    build: Callable[[], Engine],
+    build: Callable[[], Generator],
     vocab_size: int,
     weight_bytes: int,
     kv_bytes_per_token: int,
@@ -109,7 +109,7 @@ def run_case(
     startup = time.perf_counter() - start
     try:
         engine.generate(case_requests(case, vocab_size, seed=1)[: case.batch_size])  # warm-up: one batch
-        before = engine.stats() if isinstance(engine, GraphGenerator) else None
+        before = engine.counters()
         prefill_seconds = 0.0
         requests = case_requests(case, vocab_size, seed=2)
         _synchronize(device)
@@ -119,14 +119,14 @@ def run_case(
         wall = time.perf_counter() - start
         generated = sum(len(result.token_ids) for result in results)
         mean_context = case.prompt_tokens + sum(len(r.token_ids) for r in results) / (2 * len(results))
-        if isinstance(engine, GraphGenerator) and before is not None:
-            after = engine.stats()
-            steps = after.decode_steps - before.decode_steps
-            seconds = after.decode_seconds - before.decode_seconds
-            decode_rows = (after.decode_rows - before.decode_rows) / max(steps, 1)
+        if all(name in before for name in STEP_COUNTERS):
+            after = engine.counters()
+            steps = after["decode_steps"] - before["decode_steps"]
+            seconds = after["decode_seconds"] - before["decode_seconds"]
+            decode_rows = (after["decode_rows"] - before["decode_rows"]) / max(steps, 1)
             step_ms = 1000 * seconds / max(steps, 1)
-            steady = (after.decode_rows - before.decode_rows) / max(seconds, 1e-9)
-            prefill_seconds = after.prefill_seconds - before.prefill_seconds
+            steady = (after["decode_rows"] - before["decode_rows"]) / max(seconds, 1e-9)
+            prefill_seconds = after["prefill_seconds"] - before["prefill_seconds"]
         else:  # the hf engine decodes each wave as one batch: every step advances all rows still running
             decode_rows = generated / max(max(len(r.token_ids) for r in results), 1)
             step_ms = 1000 * wall / max(max(len(r.token_ids) for r in results), 1)

@@ -1,52 +1,44 @@
-"""Choosing and building a generation engine: `hf` (any causal LM, the reference) or `graph` (the fast one).
+"""Choosing and building a generation engine: the registry of backends, each one module with one builder.
 
 Called by the workers (colocated and separate generators), `asyncppo gym serve` and `asyncppo bench generate`
-with one EngineSettings built from the `generation` config section.
+with one EngineSettings built from the `generation` config section; what comes back is only a `Generator`.
 
-    backend auto  --CUDA and a supported family-->  graph      (else hf, with a warning saying why)
-    backend graph --unsupported family-->           error naming `generation.backend: hf`
+    backend auto   --CUDA and a supported family-->  graph      (else hf, with a warning saying why)
+    backend graph  --unsupported family-->           error naming `generation.backend: hf`
+    backend NAME   --BACKENDS[NAME](model, settings, rank seed)-->  a started engine behind its ServingFront
 
-`prefix_reuse_counters` reads an engine's cumulative prefix-cache counters for the driver's per-step metrics;
-`prefix_reuse_metrics` turns two readings into the step's `generation/*` metrics.
+A new backend is a module with an EngineCore, its ServingFront and a builder (see `replay_generator.py`), plus
+its line in BACKENDS. `prefix_reuse_counters` reads an engine's cumulative prefix-cache counters for the
+driver's per-step metrics; `prefix_reuse_metrics` turns two readings into the step's `generation/*` metrics.
 """
 
-import dataclasses
 import warnings
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable
 
 from transformers import PreTrainedModel
 
 from asyncppo.generation.decoder_weights import UnsupportedModelError, decoder_shape
-from asyncppo.generation.graph_generator import GraphGenerator
-from asyncppo.generation.graph_settings import GraphEngineSettings
-from asyncppo.generation.hf_generator import HFGenerator
+from asyncppo.generation.engine_settings import EngineSettings
+from asyncppo.generation.graph_generator import build_graph_generator
+from asyncppo.generation.hf_generator import build_hf_generator
+from asyncppo.generation.protocol import Generator
+from asyncppo.generation.replay_generator import build_replay_generator
 
-Backend = Literal["auto", "hf", "graph"]
-Engine = HFGenerator | GraphGenerator
+BACKENDS: dict[str, Callable[[PreTrainedModel, EngineSettings, int], Generator]] = {
+    "hf": build_hf_generator,
+    "graph": build_graph_generator,
+    "replay": build_replay_generator,
+}
+"""Builder of each backend: (model on its device, settings, the rank's sampling seed) -> a started engine."""
 PREFIX_REUSE_COUNTERS = ("prefill_tokens_sent", "prefill_tokens_computed", "prefix_hits")
-"""GraphEngineStats fields that show how much prefill the prefix cache saved (cumulative, summable over ranks)."""
+"""Engine counters that show how much prefill the prefix cache saved (cumulative, summable over ranks)."""
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """How a generation engine is built (plain values from the `generation` config section)."""
-
-    max_batch_size: int
-    max_context_length: int
-    seed: int
-    eos_token_ids: tuple[int, ...]
-    pad_token_id: int
-    backend: Backend = "auto"
-    gpu_memory_utilization: float = 0.6
-    kv_cache_tokens: int | None = None
-    prefix_cache: bool = True
-    recompute_kv_after_weight_update: bool = False
-
-
-def resolve_backend(model: PreTrainedModel, requested: Backend) -> Literal["hf", "graph"]:
+def resolve_backend(model: PreTrainedModel, requested: str) -> str:
     """The backend `requested` means for `model`: auto picks graph on CUDA when the family is supported."""
     if requested != "auto":
+        if requested not in BACKENDS:
+            raise ValueError(f"generation.backend: {requested!r} is not one of auto, {', '.join(BACKENDS)}")
         return requested
     if next(model.parameters()).device.type != "cuda":
         return "hf"
@@ -58,41 +50,18 @@ def resolve_backend(model: PreTrainedModel, requested: Backend) -> Literal["hf",
     return "graph"
 
 
-def build_engine(model: PreTrainedModel, settings: EngineSettings, rank: int = 0) -> Engine:
+def build_engine(model: PreTrainedModel, settings: EngineSettings, rank: int = 0) -> Generator:
     """A started engine over `model` (already on its device). Rank r samples from seed + 1000 r, so generator
     ranks never draw the same random numbers for the same prompts."""
-    seed = settings.seed + 1000 * rank
-    if resolve_backend(model, settings.backend) == "hf":
-        return HFGenerator(
-            model,
-            eos_token_ids=settings.eos_token_ids,
-            pad_token_id=settings.pad_token_id,
-            max_batch_size=settings.max_batch_size,
-            device=next(model.parameters()).device,
-            seed=seed,
-            max_context_length=settings.max_context_length,
-        )
-    return GraphGenerator(model, graph_engine_settings(settings, seed))
+    return BACKENDS[resolve_backend(model, settings.backend)](model, settings, settings.seed + 1000 * rank)
 
 
-def graph_engine_settings(settings: EngineSettings, seed: int) -> GraphEngineSettings:
-    """The graph engine's settings: every field EngineSettings shares with it by name, the rank's `seed`, and
-    the graph engine's own defaults for its scheduler knobs (which EngineSettings does not carry)."""
-    shared: dict[str, Any] = {
-        field.name: getattr(settings, field.name)
-        for field in dataclasses.fields(GraphEngineSettings)
-        if hasattr(settings, field.name)
-    }
-    shared["seed"] = seed
-    return GraphEngineSettings(**shared)
-
-
-def prefix_reuse_counters(engine: Engine | None) -> dict[str, float]:
+def prefix_reuse_counters(engine: Generator | None) -> dict[str, float]:
     """The engine's cumulative PREFIX_REUSE_COUNTERS; {} for an engine without a prefix cache (hf) or none."""
-    if not isinstance(engine, GraphGenerator):
+    counters = {} if engine is None else engine.counters()
+    if not all(name in counters for name in PREFIX_REUSE_COUNTERS):
         return {}  # hf recomputes every prompt in full: reporting "computed == sent" would be invented
-    stats = engine.stats()
-    return {name: float(getattr(stats, name)) for name in PREFIX_REUSE_COUNTERS}
+    return {name: counters[name] for name in PREFIX_REUSE_COUNTERS}
 
 
 def prefix_reuse_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """The graph engine's scheduler: continuous batching of sequences over KV slots, one step at a time.
 
-`GraphGenerator` (`generation/graph_generator.py`) calls `step()` from its serving thread; tests drive it
+`GraphCore` (`generation/graph_generator.py`) calls `step()` from its front's serving thread; tests drive it
 directly. No threads or locks here. The settings, and the runner sizes they come to, are in `graph_settings.py`.
 
     add() --> waiting --admit (slot; prefix reuse)--> prefilling --prefill chunks--> decoding --> finished
@@ -27,7 +27,8 @@ from asyncppo.generation.graph_runner import GraphRunner
 from asyncppo.generation.graph_settings import GraphEngineSettings, runner_settings
 from asyncppo.generation.kv_slots import SlotTable
 from asyncppo.generation.prefill_packing import PrefillChunk
-from asyncppo.generation.protocol import FinishReason, GenerationRequest, GenerationResult
+from asyncppo.generation.protocol import FinishReason, GenerationRequest, GenerationResult, SamplingParams
+from asyncppo.generation.serving_front import fail_unless_done
 from asyncppo.generation.slot_state import ActiveRow
 
 _MASK64 = (1 << 64) - 1
@@ -128,18 +129,27 @@ class GraphEngine:
         """Derive the seeds of requests added from now on from `seed` (ordinals restart at 0)."""
         self._seed, self._ordinal = seed, 0
 
+    def stop_ids(self, sampling: SamplingParams) -> tuple[int, ...]:
+        """The ids that end a request sampled with `sampling`: the EOS ids and its own, none with ignore_eos."""
+        if sampling.ignore_eos:
+            return ()
+        return tuple(dict.fromkeys((*self.settings.eos_token_ids, *sampling.stop_token_ids)))
+
+    def stop_ids_problem(self, sampling: SamplingParams) -> str | None:
+        """Why a request sampled with `sampling` has more stop ids than the device's stop table holds, or None."""
+        count = len(self.stop_ids(sampling))
+        if count > self.max_stop_ids:
+            return f"at most {self.max_stop_ids} stop ids (EOS included), got {count}"
+        return None
+
     def add(self, request: GenerationRequest, future: "Future[GenerationResult]") -> None:
-        """Queue a validated request (see `weight_loading.request_problem`)."""
+        """Queue a validated request (see `weight_loading.request_problem` and `stop_ids_problem`)."""
         sampling = request.sampling
         seed = sampling.seed if sampling.seed is not None else request_seed(self._seed, self._ordinal)
         self._ordinal += 1
-        stops = (
-            ()
-            if sampling.ignore_eos
-            else tuple(dict.fromkeys((*self.settings.eos_token_ids, *sampling.stop_token_ids)))
-        )
-        if len(stops) > self.max_stop_ids:
-            future.set_exception(ValueError(f"at most {self.max_stop_ids} stop ids (EOS included), got {len(stops)}"))
+        stops = self.stop_ids(sampling)
+        if problem := self.stop_ids_problem(sampling):
+            fail_unless_done(future, ValueError(problem))
             return
         prompt = list(request.prompt_token_ids)
         budget = min(sampling.max_new_tokens, self.settings.max_context_length - len(prompt))
@@ -185,18 +195,10 @@ class GraphEngine:
         for sequence in sequences:
             if sequence.slot >= 0:
                 self.slots.release(sequence.slot, (), self.policy_version)
-            if not sequence.future.done():
-                sequence.future.set_exception(error)
+            fail_unless_done(sequence.future, error)
         self._waiting.clear()
         self._prefilling.clear()
         self._decoding.clear()
-
-    def fail_waiting(self, error: BaseException) -> None:
-        """Fail the requests not yet admitted (on close)."""
-        for sequence in self._waiting:
-            if not sequence.future.done():
-                sequence.future.set_exception(error)
-        self._waiting.clear()
 
     # -- steps -------------------------------------------------------------------------------------------
     def _admit(self) -> None:

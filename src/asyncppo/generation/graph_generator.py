@@ -1,39 +1,40 @@
-"""GraphGenerator: the `graph` backend of the Generator protocol, a GraphEngine behind a serving thread.
+"""GraphGenerator: the `graph` backend of the Generator protocol, a GraphEngine stepped behind a ServingFront.
 
-Built by the generation workers, `asyncppo gym serve` and `asyncppo bench generate`; the rollout code and the
-policy server submit to it concurrently.
+Built by `engines.build_engine` (the generation workers, `asyncppo gym serve`, `asyncppo bench generate`) and tests;
+the rollout code and the policy server submit to it concurrently. The queue, pausing and closing are the front's.
 
-    submit() --> RequestQueue --> serving thread: engine.step() in a loop (continuous batching) --> futures
+    submit() --> ServingFront --> turn: admit every queued request --> GraphCore.step: engine.step() --> futures
 
-Weights change only between steps: the serving thread holds `_model_lock` for one step, and `load_weights` /
-`set_policy_version` take the same lock. pause() stops at the next step boundary with running rows frozen in
-their slots; after new weights a row continues on them (its result then records the first and the last
-version), or recomputes its KV first when the engine is set to.
+Weights change only between steps (the front's core lock covers one step). pause() stops at the next step boundary
+with running rows frozen in their slots; after new weights a row continues on them (its result then records the
+first and the last version), or recomputes its KV first when the engine is set to.
 """
 
-import threading
-from collections.abc import Iterable
-from dataclasses import replace
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from asyncppo.generation.engine_settings import EngineSettings
 from asyncppo.generation.graph_engine import GraphEngine, GraphEngineStats
 from asyncppo.generation.graph_settings import GraphEngineSettings
-from asyncppo.generation.protocol import GeneratorClosedError
-from asyncppo.generation.request_queue import QueuedSubmission, RequestQueue
+from asyncppo.generation.protocol import GenerationRequest
+from asyncppo.generation.serving_front import ServingFront, Submission
 from asyncppo.generation.weight_loading import copy_named_tensors, request_problem
 
 
-class GraphGenerator(QueuedSubmission):
-    """A Generator over a Llama / Qwen2 / Qwen3 / Mistral model already on its device (see `decoder_weights`).
+class GraphCore:
+    """The graph EngineCore: a GraphEngine over a Llama / Qwen2 / Qwen3 / Mistral model already on its device.
 
-    The model is the source of weights: the engine copies them at start, after `load_weights` (which writes
-    into the model first) and on `set_policy_version` (a colocated trainer updated the model in place).
-    A failed step fails the requests it held with its exception; the engine keeps serving.
+    The model is the source of weights: the engine copies them at start and on every weights change (after copying
+    sent tensors into the model first, or as they are when a colocated trainer updated the model in place). Every
+    queued request is admitted at once: the engine's own waiting line orders them into slots.
     """
 
-    def __init__(self, model: PreTrainedModel, settings: GraphEngineSettings, policy_version: int = 0):
+    def __init__(self, model: PreTrainedModel, settings: GraphEngineSettings, policy_version: int) -> None:
         if settings.max_batch_size < 1 or settings.max_context_length < 2:
             raise ValueError(
                 f"need max_batch_size >= 1 and max_context_length >= 2, got {settings.max_batch_size}, "
@@ -42,71 +43,73 @@ class GraphGenerator(QueuedSubmission):
         if not settings.eos_token_ids:
             raise ValueError("eos_token_ids must name at least one token id")
         self._model = model
+        self._max_context_length = settings.max_context_length
         with torch.inference_mode():
-            self._engine = GraphEngine(model, settings, policy_version)
-        self._model_lock = threading.Lock()  # held for one engine step, and by weight / version changes
-        self._num_failed_steps = 0
-        self._requests = RequestQueue(
-            "GraphGenerator",
-            "graph-generator",
-            lambda request: request_problem(request, settings.max_context_length, self._engine.vocab_size),
-            self._serve_one_step,
-            has_other_work=lambda: self._engine.has_work,
-            on_death=self._engine.fail_all,
+            self.engine = GraphEngine(model, settings, policy_version)
+
+    def request_problem(self, request: GenerationRequest) -> str | None:
+        return request_problem(request, self._max_context_length, self.engine.vocab_size) or (
+            self.engine.stop_ids_problem(request.sampling)
         )
-        self._requests.start()
 
-    @property
-    def policy_version(self) -> int:
-        return self._engine.policy_version
+    def admission_limit(self) -> int | None:
+        return None
 
-    def stats(self) -> GraphEngineStats:
-        """A snapshot of the engine's counters."""
-        with self._model_lock:
-            return replace(self._engine.stats)
+    def admit(self, submissions: Sequence[Submission]) -> None:
+        # Left pending: a request waiting for a slot can still be cancelled; the engine starts it when it gets one.
+        for request, future in submissions:
+            self.engine.add(request, future)
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy a full set of parameters into the model by name, then into the engine, and set the version.
+    def has_work(self) -> bool:
+        return self.engine.has_work
 
-        Checked completely before anything is copied (a rejected update changes nothing). Safe at any time:
-        it waits for the running step.
-        """
-        received = list(named_tensors)
-        with self._model_lock, torch.inference_mode():
-            copy_named_tensors(self._model, received)
-            self._engine.weights_changed(version, self._model)
+    def step(self) -> None:
+        with torch.inference_mode():
+            self.engine.step()
 
-    def set_policy_version(self, version: int) -> None:
-        """The model's weights changed in place (colocated trainer): copy them into the engine, set the version."""
-        with self._model_lock, torch.inference_mode():
-            self._engine.weights_changed(version, self._model)
+    def fail_all(self, error: BaseException) -> None:
+        with torch.inference_mode():
+            self.engine.fail_all(error)
+
+    def weights_changed(self, version: int, named_tensors: Sequence[tuple[str, torch.Tensor]] | None) -> None:
+        with torch.inference_mode():
+            if named_tensors is not None:
+                copy_named_tensors(self._model, named_tensors)
+            self.engine.weights_changed(version, self._model)
 
     def reseed(self, seed: int) -> None:
-        """Derive the seeds of requests submitted from now on from `seed`, e.g. once per training step."""
-        with self._model_lock:
-            self._drain_queue()  # earlier submissions keep seeds of the old sequence
-            self._engine.reseed(seed)
+        self.engine.reseed(seed)
 
-    def close(self) -> None:
-        """Fail queued requests with GeneratorClosedError, finish the running step, stop the thread."""
-        self._requests.close()
-        with self._model_lock:
-            self._engine.fail_all(GeneratorClosedError("GraphGenerator was closed while this request ran"))
+    def counters(self) -> dict[str, float]:
+        return {name: float(value) for name, value in asdict(self.engine.stats).items()}
 
-    def _drain_queue(self) -> None:
-        """Move submitted requests into the engine (caller holds _model_lock)."""
-        for request, future in self._requests.take():
-            self._engine.add(request, future)
 
-    def _serve_one_step(self) -> None:
-        """The serving thread's turn: admit what was submitted, then one engine step."""
-        with self._model_lock, torch.inference_mode():
-            self._drain_queue()
-            self._step()
+class GraphGenerator(ServingFront):
+    """A Generator over a GraphEngine (see GraphCore). A failed step fails the requests it held with its exception;
+    the engine keeps serving."""
 
-    def _step(self) -> None:
-        try:
-            self._engine.step()
-        except Exception as error:  # fault isolation is the point: the step's requests fail, the engine serves on
-            self._num_failed_steps += 1
-            self._engine.fail_all(error)
+    def __init__(self, model: PreTrainedModel, settings: GraphEngineSettings, policy_version: int = 0) -> None:
+        self._graph = GraphCore(model, settings, policy_version)
+        super().__init__("GraphGenerator", self._graph, policy_version)
+
+    def stats(self) -> GraphEngineStats:
+        """A snapshot of the engine's counters (taken between steps)."""
+        with self._core_lock:
+            return replace(self._graph.engine.stats)
+
+
+def graph_engine_settings(settings: EngineSettings, seed: int) -> GraphEngineSettings:
+    """The graph engine's settings: every field EngineSettings shares with it by name, the rank's `seed`, and the
+    graph engine's own defaults for its scheduler knobs (which EngineSettings does not carry)."""
+    shared: dict[str, Any] = {
+        field.name: getattr(settings, field.name)
+        for field in dataclasses.fields(GraphEngineSettings)
+        if hasattr(settings, field.name)
+    }
+    shared["seed"] = seed
+    return GraphEngineSettings(**shared)
+
+
+def build_graph_generator(model: PreTrainedModel, settings: EngineSettings, seed: int) -> GraphGenerator:
+    """The graph backend's builder for `engines.BACKENDS`."""
+    return GraphGenerator(model, graph_engine_settings(settings, seed))

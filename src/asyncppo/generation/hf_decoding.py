@@ -1,6 +1,6 @@
 """The eager decode loop of the hf backend: one batch of requests through a transformers causal LM.
 
-`HFGenerator` (`generation/hf_generator.py`) calls `decode_batch` from its serving thread; tests call it
+`HFCore` (`generation/hf_generator.py`) calls `decode_batch` from its front's serving thread; tests call it
 directly. Letters: N rows in the batch, P longest prompt, V vocabulary.
 
     prompts --left pad--> prefill [N, P] --sample--> step [N', 1] --sample--> ... (N' = rows still running)

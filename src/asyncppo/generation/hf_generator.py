@@ -1,28 +1,29 @@
-"""HFGenerator: the `hf` backend of the Generator protocol, a transformers causal LM behind a batching thread.
+"""HFGenerator: the `hf` backend of the Generator protocol, a transformers causal LM decoded batch by batch.
 
-Built by the generation workers and tests; the rollout code and the policy server submit to it concurrently.
+Built by `engines.build_engine` (the generation workers, the CLI) and tests; the rollout code and the policy
+server submit to it concurrently. The queue, pausing and closing are the ServingFront's; HFCore decodes.
 
-    submit() --> RequestQueue --> serving thread: take <= max_batch_size requests --> decode_batch --> futures
+    submit() --> ServingFront --> turn: admit <= max_batch_size requests --> HFCore.step: decode_batch --> futures
 
-Requests with different SamplingParams share a batch (sampling settings are per row). Weights change only
-between batches: the serving thread holds `_model_lock` for a whole batch, and `load_weights` /
-`set_policy_version` take the same lock, so a batch never sees two weight versions.
+Requests with different SamplingParams share a batch (sampling settings are per row). Weights change only between
+batches (the front's core lock covers a whole batch), so a batch never sees two weight versions.
 """
 
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
 from torch.nn.attention import sdpa_kernel
 from transformers import PreTrainedModel
 
+from asyncppo.generation.engine_settings import EngineSettings
 from asyncppo.generation.hf_decoding import decode_batch
-from asyncppo.generation.protocol import GenerationResult
-from asyncppo.generation.request_queue import QueuedSubmission, RequestQueue, Submission
+from asyncppo.generation.protocol import GenerationRequest, GenerationResult
+from asyncppo.generation.serving_front import ServingFront, Submission, fail_unless_done
 from asyncppo.generation.weight_loading import copy_named_tensors, request_problem
 from asyncppo.models.backbone import TRAINING_ATTENTION_BACKENDS
 
@@ -53,12 +54,11 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
             module.training = training
 
 
-class HFGenerator(QueuedSubmission):
-    """A Generator over a transformers causal LM already on `device`, decoded by `hf_decoding.decode_batch`.
+class HFCore:
+    """The hf EngineCore: a transformers causal LM already on `device`, decoded by `hf_decoding.decode_batch`.
 
-    Validation errors (empty prompt, unknown token id, prompt too long for max_context_length) fail the
-    returned future at once. An exception inside a batch fails that batch's futures with it; the engine
-    keeps serving. `seed` seeds the one sampling generator, so a fixed sequence of batches is reproducible.
+    A step decodes every admitted request as one batch; the front admits up to max_batch_size between steps.
+    `seed` seeds the one sampling generator, so a fixed sequence of batches is reproducible.
     """
 
     def __init__(
@@ -70,12 +70,8 @@ class HFGenerator(QueuedSubmission):
         device: str | torch.device,
         seed: int,
         max_context_length: int,
-        compile: bool = False,
-        policy_version: int = 0,
+        policy_version: int,
     ) -> None:
-        if compile:
-            # A static KV cache + torch.compile path for CUDA is future work; the eager loop stays the reference.
-            raise NotImplementedError("HFGenerator(compile=True) is not implemented; use compile=False (eager)")
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one token id")
         if max_batch_size < 1 or max_context_length < 2:
@@ -99,91 +95,48 @@ class HFGenerator(QueuedSubmission):
             raise ValueError(f"pad_token_id={pad_token_id} is outside the vocabulary [0, {self._vocab_size})")
         self._sampling_generator = torch.Generator(device=self._device).manual_seed(seed)
         self._policy_version = policy_version
+        self._batch: list[Submission] = []
         self._stats = GeneratorStats()
-
-        self._model_lock = threading.Lock()  # held for a whole batch, and by weight / version changes
-        self._stats_lock = threading.Lock()
-        self._requests = RequestQueue(
-            "HFGenerator",
-            "hf-generator",
-            lambda request: request_problem(request, self._max_context_length, self._vocab_size),
-            self._serve_one_batch,
-        )
-        self._requests.start()
-
-    @property
-    def policy_version(self) -> int:
-        """Version of the weights currently loaded."""
-        return self._policy_version
+        self._stats_lock = threading.Lock()  # stats() answers during a batch, without the front's core lock
 
     def stats(self) -> GeneratorStats:
-        """A snapshot of the counters (batch sizes show whether concurrent callers share batches)."""
+        """A snapshot of the counters."""
         with self._stats_lock:
             return self._stats
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy a full set of parameters in by name and set the version, between batches (waits for a running one).
+    def request_problem(self, request: GenerationRequest) -> str | None:
+        return request_problem(request, self._max_context_length, self._vocab_size)
 
-        Everything is checked before anything is copied (see `check_named_tensors`), so a rejected update
-        leaves the old weights and version in place. Values are cast to each parameter's dtype and device.
-        Safe at any time (it takes the batch lock); the weight sync calls pause(), load_weights(), resume() so
-        that no batch starts on old weights while the new ones are in transit.
-        """
-        received = list(named_tensors)
-        with self._model_lock:
-            copy_named_tensors(self._model, received)
-            self._policy_version = version
+    def admission_limit(self) -> int | None:
+        return self._max_batch_size - len(self._batch)
 
-    def set_policy_version(self, version: int) -> None:
-        """Set the version without copying (colocated: the trainer updated the shared model in place)."""
-        with self._model_lock:
-            self._policy_version = version
+    def admit(self, submissions: Sequence[Submission]) -> None:
+        # Started at once: the batch runs in the next step, so a cancel after this point would come too late.
+        self._batch.extend(s for s in submissions if s[1].set_running_or_notify_cancel())
 
-    def reseed(self, seed: int) -> None:
-        """Restart the sampling generator from `seed` (between batches), e.g. once per training step so a resumed
-        run draws the same samples as an uninterrupted one without saving generator state."""
-        with self._model_lock:
-            self._sampling_generator.manual_seed(seed)
+    def has_work(self) -> bool:
+        return bool(self._batch)
 
-    def close(self) -> None:
-        """Fail queued requests with GeneratorClosedError, let a running batch finish, stop the thread."""
-        self._requests.close()
-
-    def _serve_one_batch(self) -> None:
-        """The serving thread's turn: one batch of the oldest requests (those cancelled while queued are skipped)."""
-        batch = self._requests.take(self._max_batch_size, start_running=True)
-        if batch:
-            self._run_batch(batch)
-
-    def _run_batch(self, batch: list[Submission]) -> None:
+    def step(self) -> None:
+        """Decode the admitted batch and resolve its futures."""
         start = time.perf_counter()
-        try:
-            # Attention kernels chosen explicitly, as the trainer does (see models.backbone): never cuDNN's per-shape
-            # graph builds, which every new padding mask or batch size would trigger.
-            with (
-                self._model_lock,
-                _eval_mode(self._model),
-                torch.inference_mode(),
-                sdpa_kernel(TRAINING_ATTENTION_BACKENDS, set_priority=True),
-            ):
-                version = self._policy_version
-                decoded = decode_batch(
-                    self._model,
-                    [request for request, _ in batch],
-                    eos_token_ids=self._eos_token_ids,
-                    pad_token_id=self._pad_token_id,
-                    max_context_length=self._max_context_length,
-                    device=self._device,
-                    generator=self._sampling_generator,
-                )
-        except BaseException as error:  # fault isolation is the point: the batch fails, the engine keeps serving
-            with self._stats_lock:
-                self._stats = replace(self._stats, num_failed_batches=self._stats.num_failed_batches + 1)
-            for _, future in batch:
-                future.set_exception(error)
-            if not isinstance(error, Exception):
-                raise  # SystemExit and the like end the serving thread (see RequestQueue._serve)
-            return
+        # Attention kernels chosen explicitly, as the trainer does (see models.backbone): never cuDNN's per-shape
+        # graph builds, which every new padding mask or batch size would trigger.
+        with (
+            _eval_mode(self._model),
+            torch.inference_mode(),
+            sdpa_kernel(TRAINING_ATTENTION_BACKENDS, set_priority=True),
+        ):
+            decoded = decode_batch(
+                self._model,
+                [request for request, _ in self._batch],
+                eos_token_ids=self._eos_token_ids,
+                pad_token_id=self._pad_token_id,
+                max_context_length=self._max_context_length,
+                device=self._device,
+                generator=self._sampling_generator,
+            )
+        batch, self._batch = self._batch, []
         # Counters first, so a caller woken by its result already sees its batch counted.
         with self._stats_lock:
             stats = self._stats
@@ -202,7 +155,72 @@ class HFGenerator(QueuedSubmission):
                     token_ids=tuple(sequence.token_ids),
                     logprobs=tuple(sequence.logprobs),
                     finish_reason=sequence.finish_reason,
-                    policy_version=version,
-                    last_policy_version=version,
+                    policy_version=self._policy_version,
+                    last_policy_version=self._policy_version,
                 )
             )
+
+    def fail_all(self, error: BaseException) -> None:
+        if self._batch:  # a batch whose decode raised (on close the front finds none held)
+            with self._stats_lock:
+                self._stats = replace(self._stats, num_failed_batches=self._stats.num_failed_batches + 1)
+        batch, self._batch = self._batch, []
+        for _, future in batch:
+            fail_unless_done(future, error)
+
+    def weights_changed(self, version: int, named_tensors: Sequence[tuple[str, torch.Tensor]] | None) -> None:
+        # None: a colocated trainer updated this very model in place; there is nothing to copy.
+        if named_tensors is not None:
+            copy_named_tensors(self._model, named_tensors)
+        self._policy_version = version
+
+    def reseed(self, seed: int) -> None:
+        self._sampling_generator.manual_seed(seed)
+
+    def counters(self) -> dict[str, float]:
+        return {name: float(value) for name, value in asdict(self.stats()).items()}
+
+
+class HFGenerator(ServingFront):
+    """A Generator over a transformers causal LM already on `device` (see HFCore).
+
+    Validation errors (empty prompt, unknown token id, prompt too long for max_context_length) fail the returned
+    future at once. An exception inside a batch fails that batch's futures with it; the engine keeps serving.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        max_batch_size: int,
+        device: str | torch.device,
+        seed: int,
+        max_context_length: int,
+        compile: bool = False,
+        policy_version: int = 0,
+    ) -> None:
+        if compile:
+            # A static KV cache + torch.compile path for CUDA is future work; the eager loop stays the reference.
+            raise NotImplementedError("HFGenerator(compile=True) is not implemented; use compile=False (eager)")
+        self._hf = HFCore(
+            model, eos_token_ids, pad_token_id, max_batch_size, device, seed, max_context_length, policy_version
+        )
+        super().__init__("HFGenerator", self._hf, policy_version)
+
+    def stats(self) -> GeneratorStats:
+        """A snapshot of the counters (batch sizes show whether concurrent callers share batches)."""
+        return self._hf.stats()
+
+
+def build_hf_generator(model: PreTrainedModel, settings: EngineSettings, seed: int) -> HFGenerator:
+    """The hf backend's builder for `engines.BACKENDS`: an HFGenerator on the model's own device."""
+    return HFGenerator(
+        model,
+        eos_token_ids=settings.eos_token_ids,
+        pad_token_id=settings.pad_token_id,
+        max_batch_size=settings.max_batch_size,
+        device=next(model.parameters()).device,
+        seed=seed,
+        max_context_length=settings.max_context_length,
+    )

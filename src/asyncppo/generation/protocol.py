@@ -1,8 +1,8 @@
 """The Generator protocol: token ids and sampling settings in, generated ids with per-token logprobs out.
 
-Every engine (the transformers `hf` backend now, faster GPU engines later) implements it; the rollout
-code, the policy HTTP server and the workers only ever talk to this protocol. Requests are batched by the
-engine itself, so concurrent callers (collector threads, HTTP handlers) share one engine.
+Every engine (`hf`, `graph`, `replay`: a ServingFront over its backend's core, see `serving_front.py`) implements
+it; the rollout code, the policy HTTP server and the workers only ever talk to this protocol. Requests are batched
+by the engine itself, so concurrent callers (collector threads, HTTP handlers) share one engine.
 """
 
 from collections.abc import Iterable, Sequence
@@ -133,6 +133,14 @@ class Generator(Protocol):
 
     def set_policy_version(self, version: int) -> None:
         """Set the version without copying (colocated engines read the trainer's weights directly)."""
+        ...
+
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling randomness at `seed` (once per training step, so a resumed run samples alike)."""
+        ...
+
+    def counters(self) -> dict[str, float]:
+        """The engine's cumulative counters by name (summable over ranks); {} for an engine that keeps none."""
         ...
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """Checks shared by every generation engine: is a request servable, and is a weight update complete.
 
-`HFGenerator` and `GraphGenerator` call these before queuing a request or copying weights in, so both
-engines refuse the same inputs with the same messages.
+The hf and graph cores (`HFCore`, `GraphCore`) call these before a request is queued or weights are copied in,
+so both engines refuse the same inputs with the same messages.
 """
 
 from collections.abc import Sequence

@@ -114,7 +114,7 @@ class GeneratorWorker:
         self.generator.reseed(seed + 1000 * self.rank)
 
     def engine_counters(self) -> dict[str, float]:
-        """This engine's cumulative prefix-reuse counters ({} for hf)."""
+        """This engine's cumulative prefix-reuse counters ({} for an engine without a prefix cache)."""
         return prefix_reuse_counters(self.generator)
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 
 Called by GeneratorWorker `serve_http` (also for a colocated PolicyWorker), in the host process that owns the engine:
 
-    gym agent --POST /v1/chat/completions--> PolicyServer (uvicorn thread) --submit--> HFGenerator (same process)
+    gym agent --POST /v1/chat/completions--> PolicyServer (uvicorn thread) --submit--> the engine (same process)
 """
 
 from dataclasses import dataclass
