@@ -23,17 +23,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     `--dist worksteal` hands worker k the k-th contiguous slice of the list and later lets an idle worker take the
     tail of another's queue. With every slow test at the head of the list, they all fell to the first worker, one
     after another, while the second ran quick tests; a long run started last left a worker idle at the end. So the
-    slow tests are split into one contiguous part per worker, each put at the head of its slice: the long
-    end-to-end runs start on every worker at once, the quick tests fill the gaps and the end.
+    slow tests are dealt out to the workers a file at a time, each worker's put at the head of its slice: the long
+    end-to-end runs start on every worker at once, the quick tests fill the gaps and the end. Dealt, not cut into
+    contiguous parts: neighbouring files are often the longest (the async demo's stop-and-resume run and the
+    chaos harness's, about 120 s and 85 s), and a contiguous cut put both on one worker, one after the other.
     """
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
     quick = [item for item in items if item.get_closest_marker("slow") is None]
-    # Contiguous runs of the slow list, so a file's runs follow each other on one worker and reuse the worker
-    # processes the previous run kept (ASYNCPPO_KEEP_WORKER_PROCESSES above).
-    shares: list[list[pytest.Item]] = [
-        slow[index * len(slow) // workers : (index + 1) * len(slow) // workers] for index in range(workers)
-    ]
+    # A file's runs stay together on one worker, so they reuse the worker processes the previous run kept
+    # (ASYNCPPO_KEEP_WORKER_PROCESSES above).
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in slow:
+        by_file.setdefault(str(item.path), []).append(item)
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for index, file_items in enumerate(by_file.values()):
+        shares[index % workers].extend(file_items)
     # The quick tests fill each share up to the size worksteal cuts: len(items) // workers, the remainder last.
     sizes = [len(items) // workers] * (workers - 1) + [len(items) - (len(items) // workers) * (workers - 1)]
     for share, size in zip(shares, sizes, strict=True):
