@@ -74,7 +74,7 @@ def shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ray_cluster() -> Iterator[None]:
     """A local Ray cluster on 127.0.0.1 for the whole session (starting one costs ~4 s), shared by every test that
     runs workers through Ray (end-to-end runs, CLI benches); a CPU run places one worker per logical CPU."""
-    from asyncppo.workers.ray_host import init_local_ray
+    from asyncppo.workers.ray_cluster import init_local_ray
 
     init_local_ray(num_cpus=4)  # logical CPUs: the scale-out tests place 2 trainer + 2 generator devices
     yield

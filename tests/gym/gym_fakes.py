@@ -17,7 +17,8 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncppo.generation.protocol import FinishReason, GenerationRequest, GenerationResult
 from asyncppo.gym.client import GymClient
-from asyncppo.gym.policy_server import STOP_GRACE_S, PolicyServer, create_policy_app
+from asyncppo.gym.policy_server import create_policy_app
+from asyncppo.gym.policy_server_runner import STOP_GRACE_S, PolicyServer
 from asyncppo.gym.request_limits import DEFAULT_LIMITS, ServerLimits
 from asyncppo.types import SamplingProfile
 

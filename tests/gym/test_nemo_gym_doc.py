@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from asyncppo.config import RunConfig, validate_tree
 from asyncppo.distributed.process_group import free_port
 from asyncppo.gym.client import HEAD_SERVER_TIMEOUT_S
-from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.policy_server_runner import PolicyServer
 from asyncppo.gym.results import InvalidResultError, trajectory_from_result
 from asyncppo.gym.runner import GymClientSettings, GymRolloutRunner
 from asyncppo.gym.servers.launch import launch_builtin_gym

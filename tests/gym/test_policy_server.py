@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncppo.generation.hf_generator import HFGenerator
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.policy_server import PolicyServer, listening_socket
+from asyncppo.gym.policy_server_runner import PolicyServer, listening_socket
 from asyncppo.models.policy import load_policy, token_logprobs
 from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 

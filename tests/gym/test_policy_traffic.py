@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncppo.config.runtime import GymConfig, RewardPenaltiesConfig
 from asyncppo.gym.client import RolloutDeadlineError
-from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.policy_server_runner import PolicyServer
 from asyncppo.gym.runner import (
     GroupOutcome,
     GymClientSettings,

@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncppo.config.runtime import GymConfig
 from asyncppo.generation.protocol import GenerationRequest, GenerationResult
-from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.policy_server_runner import PolicyServer
 from asyncppo.gym.request_limits import DEFAULT_LIMITS, ServerLimits, server_limits
 from asyncppo.gym.servers.launch import launch_builtin_gym
 from asyncppo.models.tiny import EOS_TOKEN_ID

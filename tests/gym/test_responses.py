@@ -12,7 +12,7 @@ from gym_fakes import ScriptedGenerator, policy_server_of
 from pydantic import ValidationError
 from transformers import PreTrainedTokenizerBase
 
-from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.policy_server_runner import PolicyServer
 from asyncppo.gym.protocol import OFF_POLICY_KNOBS, FunctionCall, ResponseMessage, ToolCall
 from asyncppo.gym.responses import (
     FunctionCallItem,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from asyncppo.workers.ray_host import LOCAL_ONLY_ENV
+from asyncppo.workers.ray_cluster import LOCAL_ONLY_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HERE = Path(__file__).parent
@@ -28,7 +28,7 @@ def two_nodes() -> Iterator[Any]:
     """One cluster for the module's tests (starting one costs several seconds); neither test changes it."""
     from ray.cluster_utils import Cluster
 
-    from asyncppo.workers.ray_host import keep_ray_on_loopback
+    from asyncppo.workers.ray_cluster import keep_ray_on_loopback
 
     keep_ray_on_loopback()  # both nodes on 127.0.0.1: Ray would put them on the machine's network IP
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
@@ -82,7 +82,7 @@ def test_trainers_and_generator_on_separate_nodes_train_three_async_steps(
 # IP, listening on every interface.
 RAY_FIRST = """
 import ray
-from asyncppo.workers.ray_host import init_local_ray
+from asyncppo.workers.ray_cluster import init_local_ray
 init_local_ray(num_cpus=3)
 print(ray.cluster_resources()["CPU"], ray.get_runtime_context().gcs_address)
 print(ray.util.get_node_ip_address())

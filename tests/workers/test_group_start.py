@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncppo.workers.ray_host import HostOptions, WorkerCallError, WorkerGroup, init_local_ray, wait_until_built
+from asyncppo.workers.ray_cluster import init_local_ray
+from asyncppo.workers.ray_host import HostOptions, WorkerCallError, WorkerGroup, wait_until_built
 
 pytestmark = pytest.mark.integration
 HOST = HostOptions(num_cpus=0)

@@ -12,7 +12,8 @@ import pytest
 import ray
 
 from asyncppo.workers import host_pool
-from asyncppo.workers.ray_host import HostOptions, WorkerGroup, init_local_ray, wait_until_built
+from asyncppo.workers.ray_cluster import init_local_ray
+from asyncppo.workers.ray_host import HostOptions, WorkerGroup, wait_until_built
 from asyncppo.workers.reservations import Reservation, stop_workers
 
 pytestmark = pytest.mark.integration

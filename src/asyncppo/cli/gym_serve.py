@@ -20,7 +20,7 @@ from types import FrameType
 
 from asyncppo.config import ConfigError, RunConfig, load_config
 from asyncppo.generation.engines import build_engine
-from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.policy_server_runner import PolicyServer
 from asyncppo.gym.request_limits import server_limits
 from asyncppo.gym.servers.launch import BuiltinGym, launch_builtin_gym
 from asyncppo.models.policy import load_policy

@@ -12,7 +12,8 @@ is parsed strictly (`request_body.parse_body`), so malformed or hostile input is
 
 Work that grows with the body (JSON parsing, chat templating, tokenising, decoding, building the answer) runs on
 a small thread pool, so the event loop stays free for `/health` and for other requests while large ones are
-served; the runner (`PolicyServer`) caps bodies and bounds each request's time (`request_limits.py`).
+served; the runner (`PolicyServer`, in `policy_server_runner.py`) caps bodies and bounds each request's time
+(`request_limits.py`).
 """
 
 import asyncio
@@ -20,15 +21,11 @@ import contextlib
 import functools
 import math
 import secrets
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import httpx
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -52,7 +49,6 @@ from asyncppo.gym.protocol import (
     Usage,
 )
 from asyncppo.gym.request_body import RequestError, error_response, parse_body
-from asyncppo.gym.request_limits import DEFAULT_LIMITS, BoundedApp, ServerLimits
 from asyncppo.gym.responses import ResponsesInputError, ResponsesRequest, ResponsesResponse, check_request
 from asyncppo.gym.responses_conversion import build_response, chat_messages, chat_tools
 from asyncppo.types import SamplingProfile
@@ -64,8 +60,6 @@ CPU_THREADS = 2
 not more, because the GIL-holding parts of that work (JSON parsing, building id lists, template rendering) then
 queue the event loop behind several threads at once (measured with scripts/bench_policy_server.py: /health p99
 17 / 78 / 168 ms with 1 / 2 / 4 threads while 20 one-MiB requests were served on 2 busy cores)."""
-STOP_GRACE_S = 5
-"""How long a stopping server lets running requests finish before it answers them 503 and exits."""
 
 Result = TypeVar("Result")
 
@@ -359,94 +353,3 @@ def tokenize_chat(tokenizer: PreTrainedTokenizerBase, body: TokenizeRequest, eos
 
 def _floored(logprob: float) -> float:
     return LOGPROB_FLOOR if math.isinf(logprob) or logprob < LOGPROB_FLOOR else logprob
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket listening on (host, port), made with proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on the
-    connections of such a socket (`socket.create_server` makes proto 0), and without it each answer that uvicorn
-    writes in two parts (head, then body) waits about 40 ms for the client's delayed ACK (Nagle's algorithm)."""
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socket.create_server does on POSIX
-        listener.bind((host, port))
-        listener.listen()
-    except OSError:
-        listener.close()
-        raise
-    return listener
-
-
-class PolicyServer:
-    """Runs an app with uvicorn on a background thread, on a port reserved at construction, under `limits`.
-
-    The runner of the policy server and of every built-in gym server. The listening socket is bound in __init__,
-    so `url` can be handed to Gym before the model is loaded and start() is called (clients then wait on a port
-    that exists). Every request passes `request_limits.BoundedApp` (body cap, deadline, quiet hang-ups).
-    start() returns once GET /health answers; stop() shuts uvicorn down (running requests get `stop_grace_s`,
-    then a 503), joins the thread and closes the socket, freeing the port.
-    """
-
-    def __init__(
-        self,
-        app: FastAPI,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        limits: ServerLimits = DEFAULT_LIMITS,
-        stop_grace_s: int = STOP_GRACE_S,
-    ) -> None:
-        self._socket = listening_socket(host, port)
-        self._host, self._port = host, self._socket.getsockname()[1]
-        config = uvicorn.Config(
-            BoundedApp(app, limits), log_level="warning", access_log=False, timeout_graceful_shutdown=stop_grace_s
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, name=f"policy-server-{self._port}", daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        """Base URL of the OpenAI routes, e.g. http://127.0.0.1:PORT/v1 (root routes drop the /v1)."""
-        return f"http://{self._host}:{self._port}/v1"
-
-    @property
-    def port(self) -> int:
-        return self._port
-
-    @property
-    def requests_received(self) -> int:
-        """HTTP requests received since start (uvicorn's own count, GET /health included): the trainer reads it to
-        tell a gym whose model server never calls this server from one that is only slow."""
-        return self._server.server_state.total_requests
-
-    def start(self, timeout_s: float = 30.0) -> None:
-        """Start serving and wait until /health answers; RuntimeError if it does not within `timeout_s`."""
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self._thread.is_alive():
-                raise RuntimeError(f"the policy server thread exited while starting on port {self._port}")
-            try:
-                if httpx.get(f"http://{self._host}:{self._port}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:  # not accepting yet; polling until the deadline is the point
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"the policy server on port {self._port} did not answer /health within {timeout_s} s")
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop accepting, let in-flight requests finish, join the thread and release the port."""
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                raise RuntimeError(f"the policy server on port {self._port} did not stop within {timeout_s} s")
-        self._socket.close()
-
-    def __enter__(self) -> "PolicyServer":
-        self.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()

@@ -13,7 +13,9 @@ batch, kept in `pending`) or in flight when a checkpoint is taken is saved with 
 resume: no prompt is lost or drawn twice. A group whose generator process died under it keeps its draw id and runs
 again once the generators serve (no rollout starts while one is being restarted); it is never booked as failed.
 One lock (a Condition over an RLock) guards all of it; every wait re-checks state under that lock with a timeout,
-so a notification can never be lost.
+so a notification can never be lost. That one lock is also why this stays one module past 400 lines: every method
+of Collector reads and writes the same in-flight, pending and failure state under it, and a split would hand the
+lock and that state between modules.
 """
 
 import logging

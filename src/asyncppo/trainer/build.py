@@ -39,7 +39,7 @@ from asyncppo.trainer.worker_start import (
     start_workers,
     write_placement,
 )
-from asyncppo.workers.ray_host import init_local_ray
+from asyncppo.workers.ray_cluster import init_local_ray
 
 if TYPE_CHECKING:  # the gym's HTTP stack (fastapi, uvicorn, httpx) is imported only by runs that use the gym
     from asyncppo.trainer.gym_setup import GymRollouts

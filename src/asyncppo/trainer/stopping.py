@@ -22,7 +22,7 @@ from asyncppo.trainer.loop import train
 from asyncppo.trainer.run import Run
 from asyncppo.trainer.setup import RunSetup
 from asyncppo.trainer.stop_signals import SignalStop
-from asyncppo.workers.ray_host import shutdown_ray
+from asyncppo.workers.ray_cluster import shutdown_ray
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from asyncppo.rollout.single_turn import render_prompt
 from asyncppo.trainer.build import build_run
 from asyncppo.trainer.loop import train
 from asyncppo.trainer.setup import resolve_setup
-from asyncppo.workers.ray_host import shutdown_ray
+from asyncppo.workers.ray_cluster import shutdown_ray
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The source checkout the workloads' base configs ship in (examples/configs/)."""

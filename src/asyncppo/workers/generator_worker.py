@@ -24,7 +24,7 @@ from asyncppo.generation.protocol import GenerationRequest, GenerationResult
 from asyncppo.models.policy import load_policy
 
 if TYPE_CHECKING:  # the HTTP stack (fastapi, uvicorn) is imported only by runs that serve the gym
-    from asyncppo.gym.policy_server import PolicyServer
+    from asyncppo.gym.policy_server_runner import PolicyServer
     from asyncppo.workers.policy_http import PolicyServerSettings
 
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from asyncppo.generation.protocol import Generator
-from asyncppo.gym.policy_server import PolicyServer, create_policy_app
+from asyncppo.gym.policy_server import create_policy_app
+from asyncppo.gym.policy_server_runner import PolicyServer
 from asyncppo.gym.request_limits import ServerLimits
 from asyncppo.models.tokenizer import load_tokenizer
 from asyncppo.types import SamplingProfile

@@ -1,7 +1,7 @@
-"""Thin Ray shells: a local cluster bound to 127.0.0.1 (or an existing cluster joined), one generic actor that
-hosts a plain worker object, and typed worker groups that fan a call out to every rank and gather the results.
-A group's hosts start in the device slots reserved for them (`reservations.py`); the ranks of a data-parallel
-group first join torch.distributed's default group, meeting at rank 0's node IP, then build their workers.
+"""Thin Ray shells: one generic actor that hosts a plain worker object, and typed worker groups that fan a call out
+to every rank and gather the results. A group's hosts start in the device slots reserved for them
+(`reservations.py`); the ranks of a data-parallel group first join torch.distributed's default group, meeting at
+rank 0's node IP, then build their workers. Starting or joining the cluster itself is `ray_cluster.py`.
 
     driver --WorkerGroup.call_all(PolicyWorker.train, batch)--> WorkerHost(rank 0) --> PolicyWorker.train(batch)
                                                            +--> WorkerHost(rank 1) --> PolicyWorker.train(batch)
@@ -12,13 +12,14 @@ result; the host runs the method of that name on its worker (an override in a su
 in-process, in tests); this module is the only place that knows they run in Ray actors. Calls wait with a
 timeout and re-raise the worker's own error; a worker whose process died is a WorkerDiedError naming its role, rank
 and process id, and a rank outside a data-parallel group can be started afresh in its slot (`WorkerGroup.replace`).
-"""
 
-import contextlib
+It stays one module past 400 lines because WorkerGroup (about 150 of them) is the one class that owns a group's
+hosts: its calls, its death handling and `replace` read and write the same host list and pending calls, and a
+split would pass that state between modules."""
+
 import logging
 import os
 import re
-import signal
 import threading
 import time
 
@@ -27,28 +28,18 @@ import time
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
-import ray._private.ray_constants as ray_constants
-import ray._private.utils as ray_utils
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncppo.distributed.default_group import Rendezvous, join_default_group
-from asyncppo.distributed.process_group import is_loopback
 from asyncppo.pipeline.errors import RunEndingError
 from asyncppo.workers.host_pool import DeviceSlot, HostOptions, keeping_hosts, take_idle_host
 
-LOCAL_HOST = "127.0.0.1"
-# Ray's switch between a machine-local cluster (every daemon and worker on 127.0.0.1) and one other machines may
-# join (the node's network IP, listening on all interfaces). Ray reads it when it is imported, in the driver and
-# in every worker process it starts.
-LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-OBJECT_STORE_BYTES = 256 * 1024 * 1024
 Worker = TypeVar("Worker", covariant=True)
 Built = TypeVar("Built")
 Params = ParamSpec("Params")
@@ -130,113 +121,6 @@ def named_worker_error(where: str, error: BaseException) -> BaseException:
         return error
     named.__cause__ = error
     return named
-
-
-def init_local_ray(num_cpus: int | None, num_gpus: int | None = None, address: str | None = None) -> None:
-    """Start (or join) Ray. A local cluster binds to 127.0.0.1 only and starts no dashboard; a cluster joined at a
-    loopback address (`ray start --head --node-ip-address 127.0.0.1`) is looked for there, any other address as Ray
-    does.
-
-    A SIGTERM or SIGINT handler the process installed before stays in charge, but only once Ray has started: while
-    `ray.init` runs, the two signals are held and handed to that handler when it returns. Ray would otherwise replace
-    the driver's SIGTERM handler with its own twice (one that exits with status 15, then one that tears the local
-    cluster down and exits with status 1), skipping the caller's clean stop; and a start cut short half-way leaves
-    daemons (Ray's agents) that no shutdown finds, while a started cluster ends with `shutdown_ray`.
-    """
-    if ray.is_initialized():
-        return
-    own_handlers = _own_signal_handlers()
-    if address is None or _is_loopback_address(address):
-        keep_ray_on_loopback()
-    with _signals_held_for(own_handlers):
-        if address is not None:
-            ray.init(address=address, log_to_driver=True)
-        else:
-            ray.init(
-                # "local": always a new cluster of this run's own. Without it Ray joins any cluster that `ray start`
-                # left on this machine, and then refuses the sizes below.
-                address="local",
-                num_cpus=num_cpus,
-                num_gpus=num_gpus,
-                include_dashboard=False,
-                object_store_memory=OBJECT_STORE_BYTES,
-                _node_ip_address=LOCAL_HOST,
-                log_to_driver=True,
-                configure_logging=False,
-            )
-    node_ip = ray.util.get_node_ip_address()
-    if address is None and not is_loopback(node_ip):
-        ray.shutdown()
-        raise RuntimeError(
-            f"the local Ray cluster came up on {node_ip}, not on {LOCAL_HOST}; nothing may listen beyond loopback"
-        )
-
-
-def _is_loopback_address(address: str) -> bool:
-    """Whether a cluster address (`host:port`) names this machine's loopback: a cluster started there with
-    `ray start --node-ip-address 127.0.0.1`, which Ray would otherwise look for at the machine's network IP."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    return is_loopback(host)
-
-
-def keep_ray_on_loopback() -> None:
-    """Make the cluster about to start local to this machine, whenever Ray was imported.
-
-    Ray turns `_node_ip_address=127.0.0.1` into the machine's network IP (and its daemons and workers then listen on
-    all interfaces) unless its local-only switch is on. The switch is read once, when `ray` is imported: the
-    environment variable covers the worker processes the cluster starts, and the driver's copy, read when `ray`
-    was imported (perhaps before this module), is set here too.
-    """
-    os.environ[LOCAL_ONLY_ENV] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-
-
-@contextlib.contextmanager
-def _signals_held_for(handlers: dict[int, Any]) -> Generator[None]:
-    """While the block runs, the signals of `handlers` are only recorded (and Ray's helper that installs its SIGTERM
-    handlers does nothing); afterwards `handlers` are in place and each signal recorded is raised again for them."""
-    if not handlers:
-        yield
-        return
-    held: list[int] = []
-
-    def hold(signum: int, _: FrameType | None) -> None:
-        held.append(signum)
-
-    for signum in handlers:
-        signal.signal(signum, hold)
-    installer = ray_utils.set_sigterm_handler
-    ray_utils.set_sigterm_handler = _leave_sigterm_handler
-    try:
-        yield
-    finally:
-        ray_utils.set_sigterm_handler = installer
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-        for signum in held:
-            signal.raise_signal(signum)  # the handler runs now (an exception it raises ends the caller's start)
-
-
-def _leave_sigterm_handler(handler: Callable[[int, FrameType | None], Any]) -> None:
-    """Stands in for Ray's `set_sigterm_handler` while signals are held: the handler is not installed."""
-
-
-def _own_signal_handlers() -> dict[int, Any]:
-    """The SIGTERM / SIGINT handlers the process installed (Python's defaults excluded), by signal number."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}  # only the main thread may set handlers, and Ray sets none from another thread
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    return {
-        signum: handler
-        for signum, handler in handlers.items()
-        if callable(handler) and handler is not signal.default_int_handler
-    }
-
-
-def shutdown_ray() -> None:
-    """Disconnect from Ray; a local cluster that `init_local_ray` started ends with every process it ran, also one
-    whose start a signal interrupted (Ray is then not initialized, but its daemons may run)."""
-    ray.shutdown()  # a no-op when nothing was started
 
 
 @dataclass(frozen=True)

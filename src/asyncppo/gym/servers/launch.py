@@ -13,7 +13,7 @@ it, the launch prints one warning line. Every server runs under the same `Server
 from collections.abc import Iterable, Sequence
 
 from asyncppo.gym.auth import warn_if_unauthenticated
-from asyncppo.gym.policy_server import PolicyServer
+from asyncppo.gym.policy_server_runner import PolicyServer
 from asyncppo.gym.request_limits import DEFAULT_LIMITS, ServerLimits
 from asyncppo.gym.servers.agent import create_simple_agent_app
 from asyncppo.gym.servers.head import create_head_app, gym_config
