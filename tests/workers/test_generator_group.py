@@ -24,12 +24,12 @@ from asyncppo.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 from asyncppo.pipeline.errors import GenerationInterrupted
 from asyncppo.workers.generator_group import GenerationWorker, GeneratorGroup, prompt_units
 from asyncppo.workers.generator_worker import load_generator_worker
+from asyncppo.workers.ray_cluster import init_local_ray
 from asyncppo.workers.ray_host import (
     HostOptions,
     WorkerCallError,
     WorkerDiedError,
     WorkerGroup,
-    init_local_ray,
     wait_until_built,
 )
 
